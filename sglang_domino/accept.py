@@ -1,0 +1,58 @@
+"""Acceptance rules for a chain of n draft tokens verified by the target in one pass.
+
+`target_logits` has n+1 rows: row i is the target's prediction for the position after
+draft i-1 (row 0 follows the bonus token, row n follows the last draft).
+Both rules return (accepted count a in [0, n], next token): the caller commits drafts
+0..a-1 and then `next`, so a step commits a+1 tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .sampling import SamplingParams, sample, to_probs
+
+
+def accepted_prefix(matches: torch.Tensor) -> torch.Tensor:
+    """Length of the leading run of True in each row of matches [b, n]."""
+    return matches.long().cumprod(dim=-1).sum(dim=-1)
+
+
+def accept_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Longest prefix of drafts equal to the target's argmax, then the target's own token."""
+    target_tokens = target_logits.argmax(-1)
+    accepted = accepted_prefix(draft_tokens == target_tokens[:, :-1])
+    return accepted, target_tokens.gather(1, accepted[:, None]).squeeze(1)
+
+
+def accept_sampled(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_logits: torch.Tensor,
+                   params: SamplingParams, generator: Optional[torch.Generator] = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Speculative sampling (Leviathan et al. 2023): accept draft d ~ q with probability
+    min(1, p(d)/q(d)); at the first rejection draw from norm(max(0, p - q)); after n
+    acceptances draw the bonus from p. The emitted tokens follow p exactly."""
+    b, n = draft_tokens.shape
+    p = to_probs(target_logits, params)                                  # [b, n+1, V]
+    p_d = p[:, :n].gather(-1, draft_tokens[..., None]).squeeze(-1)
+    q_d = draft_probs.gather(-1, draft_tokens[..., None]).squeeze(-1)
+    u = torch.rand((b, n), generator=generator, device=p.device)
+    accepted = accepted_prefix(u * q_d < p_d)
+    rows = torch.arange(b, device=p.device)
+    p_next = p[rows, accepted]                                           # [b, V]
+    q_next = torch.cat([draft_probs.float(), torch.zeros_like(p[:, :1])], dim=1)[rows, accepted]
+    residual = (p_next - q_next).clamp_min(0)
+    mass = residual.sum(-1, keepdim=True)
+    # After n acceptances q_next is 0, so the residual is p itself (the bonus). A
+    # rejection implies p(d) < q(d), hence positive residual mass; the fallback to p only
+    # guards a residual lost to rounding.
+    residual = torch.where(mass > 0, residual / mass.clamp_min(1e-30), p_next)
+    return accepted, sample(residual, generator)
+
+
+def accept(draft_tokens: torch.Tensor, draft_probs: Optional[torch.Tensor], target_logits: torch.Tensor,
+           params: SamplingParams, generator: Optional[torch.Generator] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    if params.greedy:
+        return accept_greedy(draft_tokens, target_logits)
+    return accept_sampled(draft_tokens, draft_probs, target_logits, params, generator)

@@ -1,0 +1,60 @@
+"""Draft proposals from the backbone's block hidden states: the one rollout.
+
+DFlash predicts every block position independently from the backbone output. Domino
+rolls out left to right: the first proposal uses the base logits only
+(`pure_draft_prefix_len` = 1), each later one adds the correction computed from the
+GRU state over [bonus, proposals so far].
+
+Greedy proposals are argmaxes. Sampled proposals are drawn from the draft's own
+distribution q (for Domino, softmax of base + correction at each step, conditioned on
+the tokens actually drawn) and q is returned for the acceptance rule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from .sampling import SamplingParams, sample, to_probs
+
+
+@dataclass
+class Proposal:
+    tokens: torch.Tensor                 # [b, n] int64
+    probs: Optional[torch.Tensor] = None  # [b, n, V] draft distribution q (None when greedy)
+
+
+def _pick(logits: torch.Tensor, params: SamplingParams, generator) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    if params.greedy:
+        return logits.argmax(-1), None
+    probs = to_probs(logits, params)
+    return sample(probs, generator), probs
+
+
+def propose_dflash(base_logits: torch.Tensor, params: SamplingParams,
+                   generator: Optional[torch.Generator] = None) -> Proposal:
+    """base_logits [b, n, V] for the n positions after the bonus token."""
+    tokens, probs = _pick(base_logits, params, generator)
+    return Proposal(tokens, probs)
+
+
+def propose_domino(hidden: torch.Tensor, base_logits: torch.Tensor, bonus: torch.Tensor,
+                   embed: Callable[[torch.Tensor], torch.Tensor], draft, params: SamplingParams,
+                   generator: Optional[torch.Generator] = None) -> Proposal:
+    """hidden [b, n, H] and base_logits [b, n, V]: the backbone slots predicting the next n
+    tokens after `bonus` [b]; `draft` provides `correction`, `run_gru`, `gru_step`."""
+    n = hidden.shape[1]
+    first, first_probs = _pick(base_logits[:, 0], params, generator)
+    tokens, probs = [first], [first_probs]
+    if n > 1:
+        state = draft.run_gru(embed(torch.stack([bonus, first], dim=1)))[:, -1]
+        for k in range(1, n):
+            logits = base_logits[:, k].float() + draft.correction(hidden[:, k], state).float()
+            tok, tok_probs = _pick(logits, params, generator)
+            tokens.append(tok)
+            probs.append(tok_probs)
+            if k + 1 < n:
+                state = draft.gru_step(embed(tok), state)
+    return Proposal(torch.stack(tokens, dim=1), None if params.greedy else torch.stack(probs, dim=1))

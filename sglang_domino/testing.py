@@ -1,0 +1,76 @@
+"""Tiny models built on the fly, for the tests and the demo (no download, no GPU)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Optional
+
+import torch
+
+from .config import DraftConfig
+
+
+def tiny_target(seed: int = 0, vocab_size: int = 256, hidden_size: int = 64, num_layers: int = 4,
+                dtype: torch.dtype = torch.float32, logit_scale: float = 8.0):
+    """A randomly initialised Qwen3 causal LM (Transformers), in eval mode."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                         num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=hidden_size // 4, max_position_embeddings=4096, rms_norm_eps=1e-6,
+                         tie_word_embeddings=False, eos_token_id=None, bos_token_id=None, pad_token_id=None)
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config).to(dtype).eval()
+    # Random init gives near-uniform logits; a larger output scale makes the greedy
+    # choice well separated, so fp32 equality tests never sit on near-ties.
+    with torch.no_grad():
+        model.lm_head.weight.mul_(logit_scale)
+    return model
+
+
+def tiny_draft_config(target, kind: str = "dflash", block_size: int = 8, num_layers: int = 2,
+                      shift_label: bool = True, target_layer_ids: Optional[list[int]] = None,
+                      mask_token_id: Optional[int] = None, **overrides: Any) -> DraftConfig:
+    """A draft config matching `target`: `kind` is 'dflash' or 'domino'."""
+    t = target.config
+    data = {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "hidden_size": t.hidden_size,
+        "intermediate_size": t.intermediate_size,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": t.num_attention_heads,
+        "num_key_value_heads": t.num_key_value_heads,
+        "head_dim": t.head_dim,
+        "vocab_size": t.vocab_size,
+        "rms_norm_eps": t.rms_norm_eps,
+        "max_position_embeddings": t.max_position_embeddings,
+        "rope_parameters": {"rope_theta": 1_000_000.0, "rope_type": "default"},
+        "block_size": block_size,
+        "num_target_layers": t.num_hidden_layers,
+        "dflash_config": {
+            "mask_token_id": t.vocab_size - 1 if mask_token_id is None else mask_token_id,
+            "target_layer_ids": target_layer_ids or list(range(min(num_layers, t.num_hidden_layers - 1))),
+        },
+    }
+    if kind == "domino":
+        data["dflash_config"].update(projector_type="domino", shift_label=shift_label, pure_draft_prefix_len=1,
+                                     gru_hidden_dim=32, emb_dim=16)
+        data["emb_dim"] = 16
+    elif kind != "dflash":
+        raise ValueError(f"kind: got {kind!r}, expected 'dflash' or 'domino'")
+    for key, value in overrides.items():
+        if key in ("dflash_config",):
+            data[key].update(value)
+        else:
+            data[key] = value
+    return DraftConfig.from_dict(copy.deepcopy(data))
+
+
+def tiny_draft(target, kind: str = "dflash", seed: int = 1, dtype: torch.dtype = torch.float32, **kwargs):
+    """A randomly initialised `DFlashDraftModel` for `target`."""
+    from .hf import DFlashDraftModel
+
+    config = tiny_draft_config(target, kind, **kwargs)
+    torch.manual_seed(seed)
+    return DFlashDraftModel(config).to(dtype).eval()

@@ -1,0 +1,24 @@
+import os
+
+# Triton reads this when it is first imported: kernels then run on CPU tensors.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+@pytest.fixture(scope="session")
+def target():
+    from sglang_domino.testing import tiny_target
+
+    return tiny_target(seed=0)
+
+
+@pytest.fixture
+def prompt():
+    g = torch.Generator().manual_seed(123)
+    return torch.randint(0, 250, (1, 11), generator=g)
