@@ -1,0 +1,29 @@
+"""The SGLang plugin of sglang-domino (the only subpackage that imports `sglang`).
+
+Entry points (see `pyproject.toml`):
+
+* `sglang.srt.platforms` -> `sglang_domino.sglang.platform:activate`: runs inside the
+  first `import sglang` of every SGLang process. With `--device cpu` on the command
+  line it switches SGLang's CPU engine on and serves pure-PyTorch `sgl_kernel` ops when
+  the real `sgl_kernel` cannot be imported. Stdlib only; returns None (SGLang keeps
+  its own platform).
+* `sglang.srt.plugins` -> `sglang_domino.sglang.plugin:register`: hooks worker creation
+  so `--speculative-algorithm DFLASH` gets `DominoDFlashWorker` (a subclass of 0.5.23's
+  `DFlashWorkerV2`), plus argument resolution (CPU, verify width below the block,
+  draft-config checks) and the `--mamba-scheduler-strategy` alias.
+
+`SGLANG_DOMINO_DISABLE=1` turns all of this off (upstream behaviour).
+
+Importing this package imports nothing from SGLang.
+"""
+
+DISABLE_ENV = "SGLANG_DOMINO_DISABLE"
+# Verify width below the draft block (b8), carried from argument resolution in the
+# main process to the spawned schedulers (ServerArgs keeps only its own fields).
+VERIFY_WIDTH_ENV = "SGLANG_DOMINO_VERIFY_WIDTH"
+
+
+def plugin_disabled() -> bool:
+    import os
+
+    return os.environ.get(DISABLE_ENV, "").strip().lower() in ("1", "true", "yes", "on")

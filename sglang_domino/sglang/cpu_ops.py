@@ -1,0 +1,130 @@
+"""Pure-PyTorch CPU implementations of the `sgl_kernel` ops SGLang 0.5.23's CPU engine
+calls on the DFLASH / Domino serving path, served as the module `sgl_kernel` by the
+import hook in `platform.py` when the real `sgl_kernel` cannot be imported (PyPI has no
+CPU build).
+
+Implemented (call sites in the 0.5.23 wheel):
+  * `assign_req_to_token_pool_cpu`  - `srt/mem_cache/allocation.py:746` (decode KV
+    over-allocation, `alloc_for_spec_decode`, and the plain decode path);
+  * `assign_extend_cache_locs_cpu`  - `kernels/ops/speculative/cache_locs.py:740`
+    (DFLASH draft block slots, `dflash_worker_v2.py:2561`) and `:760`
+    (`fill_front_out_cache_loc_func`);
+  * `copy_all_layer_kv_cache_cpu`   - `kernels/ops/kvcache/cache_move.py:191` (KV row
+    moves; imported at module load by every CPU process).
+
+Every other attribute resolves to a stub that raises `NotImplementedError` naming the
+op when *called* (SGLang imports many ops by name at module load, so the names must
+exist; calling one must fail loudly, never return garbage).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import types
+
+import torch
+
+__version__ = "0.0.0+sglang-domino-cpu"
+
+IMPLEMENTED = ("assign_req_to_token_pool_cpu", "assign_extend_cache_locs_cpu", "copy_all_layer_kv_cache_cpu")
+
+
+def _spans(start_offset: torch.Tensor, end_offset: torch.Tensor):
+    starts = start_offset.reshape(-1).tolist()
+    ends = end_offset.reshape(-1).tolist()
+    offset = 0
+    for i, (s, e) in enumerate(zip(starts, ends)):
+        n = int(e) - int(s)
+        if n < 0:
+            raise ValueError(f"sgl_kernel stand-in: request {i} has end {e} < start {s}")
+        yield i, int(s), int(e), offset
+        offset += n
+
+
+def assign_req_to_token_pool_cpu(req_pool_indices: torch.Tensor, req_to_token: torch.Tensor,
+                                 start_offset: torch.Tensor, end_offset: torch.Tensor,
+                                 out_cache_loc: torch.Tensor, pool_len: int) -> None:
+    """For request i: `req_to_token[req_pool_indices[i], start[i]:end[i]] =
+    out_cache_loc[o_i : o_i + end[i] - start[i]]`, o_i = sum of the earlier lengths
+    (the Triton `assign_req_to_token_pool`, `srt/mem_cache/allocation.py:692`)."""
+    rows = req_pool_indices.reshape(-1).tolist()
+    flat = out_cache_loc.reshape(-1)
+    for i, s, e, o in _spans(start_offset, end_offset):
+        if e > pool_len:
+            raise ValueError(f"sgl_kernel stand-in: end {e} beyond the pool row length {pool_len}")
+        req_to_token[int(rows[i]), s:e] = flat[o:o + e - s].to(req_to_token.dtype)
+
+
+def assign_extend_cache_locs_cpu(req_pool_indices: torch.Tensor, req_to_token: torch.Tensor,
+                                 start_offset: torch.Tensor, end_offset: torch.Tensor,
+                                 out_cache_loc: torch.Tensor, pool_len: int) -> None:
+    """The gather direction: `out_cache_loc[o_i : o_i + n_i] =
+    req_to_token[req_pool_indices[i], start[i]:end[i]]` (the Triton
+    `assign_extend_cache_locs`, `kernels/ops/speculative/cache_locs.py:500`)."""
+    rows = req_pool_indices.reshape(-1).tolist()
+    flat = out_cache_loc.view(-1)
+    for i, s, e, o in _spans(start_offset, end_offset):
+        if e > pool_len:
+            raise ValueError(f"sgl_kernel stand-in: end {e} beyond the pool row length {pool_len}")
+        flat[o:o + e - s] = req_to_token[int(rows[i]), s:e].to(flat.dtype)
+
+
+def copy_all_layer_kv_cache_cpu(data_ptrs: torch.Tensor, strides: torch.Tensor,
+                                tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
+    """For every buffer b (base address `data_ptrs[b]`, row size `strides[b]` bytes), copy
+    row `src_loc[j]` to row `tgt_loc[j]` for all j; all sources are read before any
+    target is written (the Triton `copy_all_layer_kv_cache_tiled`,
+    `kernels/ops/kvcache/cache_move.py`)."""
+    src = src_loc.reshape(-1).tolist()
+    tgt = tgt_loc.reshape(-1).tolist()
+    if len(src) != len(tgt):
+        raise ValueError(f"sgl_kernel stand-in: {len(src)} source rows but {len(tgt)} target rows")
+    for base, row_bytes in zip(data_ptrs.reshape(-1).tolist(), strides.reshape(-1).tolist()):
+        base, row_bytes = int(base), int(row_bytes)
+        rows = [ctypes.string_at(base + int(s) * row_bytes, row_bytes) for s in src]
+        for t, data in zip(tgt, rows):
+            ctypes.memmove(base + int(t) * row_bytes, data, row_bytes)
+
+
+class MissingOpError(NotImplementedError):
+    pass
+
+
+def _missing(name: str, reason: str):
+    def unavailable(*args, **kwargs):
+        raise MissingOpError(
+            f"sgl_kernel.{name} was called, but the real sgl_kernel could not be imported "
+            f"({reason}) and sglang-domino's CPU stand-in does not implement it "
+            f"(implemented: {', '.join(IMPLEMENTED)})."
+        )
+
+    unavailable.__name__ = name
+    unavailable.__qualname__ = name
+    unavailable._sglang_domino_missing = True
+    return unavailable
+
+
+def build_module(reason: str) -> types.ModuleType:
+    """The module object served as `sgl_kernel` (a package with an empty path)."""
+    import importlib.machinery
+
+    mod = types.ModuleType("sgl_kernel", "sglang-domino CPU stand-in for sgl_kernel")
+    mod.__spec__ = importlib.machinery.ModuleSpec("sgl_kernel", None, is_package=True)
+    mod.__spec__.submodule_search_locations = []
+    mod.__path__ = []
+    mod.__file__ = __file__
+    mod.__version__ = __version__
+    mod.__sglang_domino_standin__ = True
+    mod.STANDIN_REASON = reason
+    for name in IMPLEMENTED:
+        setattr(mod, name, globals()[name])
+
+    def __getattr__(name: str):
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        stub = _missing(name, reason)
+        setattr(mod, name, stub)
+        return stub
+
+    mod.__getattr__ = __getattr__
+    return mod

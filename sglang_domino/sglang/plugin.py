@@ -1,0 +1,223 @@
+"""`sglang.srt.plugins` entry point: `register()`.
+
+SGLang calls it in every process (`sglang serve` before argument parsing,
+`cli/serve.py:205`; every scheduler before the scheduler object is built,
+`managers/scheduler.py:6323`; detokenizer, DP controller), and only *logs* a plugin
+that raises (`srt/plugins/__init__.py:83`, `:135`), so `hooks_installed()` lets tests
+assert that the hooks are really in place.
+
+Cheap to import and to run: nothing heavy at import time; `register()` imports only
+light sglang modules (plugin registry, resolution hooks, the CLI choices list); the
+worker module (which imports `dflash_worker_v2`) is imported lazily by the hook the
+first time a DFLASH worker is created.
+
+What it registers (all idempotent, `SGLANG_DOMINO_DISABLE=1` registers nothing):
+  * AROUND `SpeculativeAlgorithm.create_worker` (`srt/speculative/spec_info.py:311`):
+    DFLASH -> `DominoDFlashWorker`; every other algorithm -> upstream.
+  * resolution wrapper of `handle_speculative_decoding`
+    (`srt/arg_groups/speculative_hook.py:121`): verify width below the block,
+    DFLASH's device gate lifted for `--device cpu`, draft checked against the target.
+  * AFTER `ServerArgs.add_cli_args` (`srt/server_args.py:351`): the model cards'
+    `--mamba-scheduler-strategy` as an alias of `--mamba-radix-cache-strategy`.
+  * with the CPU engine on: `torch_native` appended to
+    `DRAFT_ATTENTION_BACKEND_CHOICES` (`srt/arg_groups/choices.py:103`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+from . import VERIFY_WIDTH_ENV, plugin_disabled
+
+logger = logging.getLogger(__name__)
+
+CREATE_WORKER_TARGET = "sglang.srt.speculative.spec_info.SpeculativeAlgorithm.create_worker"
+ADD_CLI_ARGS_TARGET = "sglang.srt.server_args.ServerArgs.add_cli_args"
+RESOLUTION_STEP = "handle_speculative_decoding"
+OLD_MAMBA_FLAG = "--mamba-scheduler-strategy"
+SOURCE = "sglang_domino"
+
+_registered = False
+
+
+def _cpu_engine() -> bool:
+    return os.environ.get("SGLANG_USE_CPU_ENGINE") == "1"
+
+
+# -- hooks ----------------------------------------------------------------------------
+def _around_create_worker(original, algo, server_args):
+    if algo.is_dflash() and not plugin_disabled():
+        from .worker import DominoDFlashWorker  # heavy: lazily, in the scheduler only
+
+        return DominoDFlashWorker
+    return original(algo, server_args)
+
+
+_around_create_worker._sglang_domino = True
+
+
+def _after_add_cli_args(result, *args, **kwargs):
+    parser = args[0] if args else kwargs.get("parser")
+    if not isinstance(parser, argparse.ArgumentParser):
+        return result
+    if any(OLD_MAMBA_FLAG in action.option_strings for action in parser._actions):
+        return result
+    choices = None
+    for action in parser._actions:
+        if action.dest == "mamba_radix_cache_strategy":
+            choices = action.choices
+    parser.add_argument(
+        OLD_MAMBA_FLAG,
+        dest="mamba_radix_cache_strategy",
+        choices=choices,
+        default=argparse.SUPPRESS,  # never overrides --mamba-radix-cache-strategy's default
+        help="Alias of --mamba-radix-cache-strategy (the name used by the Domino model cards; "
+        "added by sglang-domino).",
+    )
+    return result
+
+
+_after_add_cli_args._sglang_domino = True
+
+
+class _CpuDFlashPlatform:
+    """Stands in for `speculative_hook.current_platform` while DFLASH's arguments are
+    resolved for `--device cpu` only: `_handle_dflash` refuses any device but CUDA/NPU/
+    XPU unless an out-of-tree platform says yes (`speculative_hook.py:290-301`), and the
+    draft backend fallback asks the same platform (`:897-927`). Everything else is
+    delegated to the real platform."""
+
+    def __init__(self, real):
+        self._real = real
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def is_out_of_tree(self) -> bool:
+        return True
+
+    def supports_speculative_algorithm(self, algorithm: str) -> bool:
+        return algorithm == "DFLASH"
+
+    def supports_speculative_draft_attention_backend(self, algorithm: str, backend: str) -> bool:
+        return algorithm == "DFLASH" and backend == "torch_native"
+
+    def get_default_speculative_draft_attention_backend(self, algorithm: str) -> str:
+        return "torch_native"
+
+
+def _resolve_speculative(server_args, previous):
+    from sglang.srt.arg_groups.model_override_base import resolving_view
+
+    cfg = resolving_view(server_args)
+    algo = str(cfg.speculative_algorithm or "").upper()
+    if plugin_disabled() or algo != "DFLASH":
+        return previous(server_args)
+
+    from sglang.srt.arg_groups.overrides import declare_resolution
+
+    from .checks import check_verify_width
+
+    # Verify width below the draft block (b8). 0.5.23 requires the two flags to match
+    # (`speculative_hook.py:368-387`). The scheduler keeps accounting in blocks
+    # (speculative_num_draft_tokens = block: KV reservation 2x block, result stride), the
+    # worker caps acceptance at the verify width.
+    block = cfg.speculative_dflash_block_size
+    ndt = cfg.speculative_num_draft_tokens
+    width = None
+    if block is not None and ndt is not None and int(ndt) != int(block):
+        check_verify_width(int(block), int(ndt))
+        width = int(ndt)
+        declare_resolution(server_args, SOURCE, speculative_num_draft_tokens=int(block))
+
+    if str(cfg.device).startswith("cpu"):
+        import sglang.srt.arg_groups.speculative_hook as spec_hook
+
+        real = spec_hook.current_platform
+        spec_hook.current_platform = _CpuDFlashPlatform(real)
+        try:
+            previous(server_args)
+        finally:
+            spec_hook.current_platform = real
+    else:
+        previous(server_args)
+
+    cfg = resolving_view(server_args)
+    block = int(cfg.speculative_num_draft_tokens)
+    if width is None or width >= block:
+        os.environ.pop(VERIFY_WIDTH_ENV, None)
+    else:
+        os.environ[VERIFY_WIDTH_ENV] = str(width)
+    _check_draft(cfg)
+
+
+def _check_draft(cfg) -> None:
+    """Refuse a draft that cannot run on the target before any process is spawned."""
+    from .checks import check_draft_against_target, read_draft_config, read_target_config
+
+    draft = read_draft_config(cfg.speculative_draft_model_path, cfg.speculative_draft_model_revision)
+    target = read_target_config(cfg.model_path, getattr(cfg, "revision", None))
+    if draft is not None and target is not None:
+        check_draft_against_target(draft, target)
+
+
+_resolve_speculative._sglang_domino = True
+
+
+# -- registration ---------------------------------------------------------------------
+def register() -> None:
+    """Entry point. Idempotent per process."""
+    global _registered
+    if _registered or plugin_disabled():
+        return
+    from sglang.srt.arg_groups.resolution_hooks import register_resolution_hook
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register(CREATE_WORKER_TARGET, _around_create_worker, HookType.AROUND)
+    HookRegistry.register(ADD_CLI_ARGS_TARGET, _after_add_cli_args, HookType.AFTER)
+    register_resolution_hook(RESOLUTION_STEP)(_resolve_speculative)
+    if _cpu_engine():
+        from sglang.srt.arg_groups.choices import DRAFT_ATTENTION_BACKEND_CHOICES, add_draft_attention_backend_choices
+
+        if "torch_native" not in DRAFT_ATTENTION_BACKEND_CHOICES:
+            add_draft_attention_backend_choices(["torch_native"])
+    _registered = True
+
+
+def hooks_installed() -> dict[str, bool]:
+    """Which of this plugin's hooks are live in this process (after `load_plugins()`)."""
+    import pkgutil
+
+    from sglang.srt.arg_groups import resolution_hooks
+
+    def wraps_ours(target: str) -> bool:
+        fn = pkgutil.resolve_name(target)
+        fn = getattr(fn, "__func__", fn)
+        seen = set()
+        while fn is not None and id(fn) not in seen:
+            seen.add(id(fn))
+            if getattr(fn, "_sglang_domino", False):
+                return True
+            closure = getattr(fn, "__closure__", None) or ()
+            if any(getattr(c.cell_contents, "_sglang_domino", False) for c in closure
+                   if _cell_ok(c)):
+                return True
+            fn = getattr(fn, "__wrapped__", None)
+        return False
+
+    return {
+        "create_worker": wraps_ours(CREATE_WORKER_TARGET),
+        "add_cli_args": wraps_ours(ADD_CLI_ARGS_TARGET),
+        "resolution": any(getattr(f, "_sglang_domino", False)
+                          for f in resolution_hooks._HOOKS.get(RESOLUTION_STEP, ())),
+    }
+
+
+def _cell_ok(cell) -> bool:
+    try:
+        cell.cell_contents
+        return True
+    except ValueError:
+        return False

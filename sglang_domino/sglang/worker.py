@@ -1,0 +1,100 @@
+"""`DominoDFlashWorker`: sglang 0.5.23's `DFlashWorkerV2` with this project's deltas.
+
+Overrides (everything else, including the ~680-line `forward_batch_generation`, the
+draft block, the Domino rollout and the KV bookkeeping, is upstream's):
+  * `__init__`: checks the draft through `sglang_domino.config.DraftConfig` against the
+    target before anything is built; registers the `DominoDraftModel` architecture;
+    on CPU installs `cpu_runtime` and builds the upstream worker with the Domino device
+    gate lifted, then switches the draft's Triton qk-norm/rope off; keeps the draft's
+    `input_embeds` in the runner dtype; reads the verify width (b8).
+  * `_accept_block` (`dflash_worker_v2.py:2187`): with a verify width W below the draft
+    block, acceptance is capped at W - 1 proposals (max W tokens per verify).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Optional
+
+import torch
+from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2, _commit_accept
+
+from . import VERIFY_WIDTH_ENV
+from . import cpu_runtime
+from .checks import check_draft_against_target, check_verify_width, read_draft_config, read_target_config
+
+logger = logging.getLogger(__name__)
+
+
+def _register_domino_architecture() -> None:
+    """SpecForge exports name the architecture `DominoDraftModel`; 0.5.23's `EntryClass`
+    (`srt/models/dflash.py:1317`) lacks it. Same model class as `DFlashDraftModel`."""
+    from sglang.srt.models.registry import ModelRegistry
+
+    if "DominoDraftModel" not in ModelRegistry.models:
+        from sglang.srt.models.dflash import DFlashDraftModel
+
+        ModelRegistry.models["DominoDraftModel"] = DFlashDraftModel
+
+
+class DominoDFlashWorker(DFlashWorkerV2):
+    """Returned for `--speculative-algorithm DFLASH` by the plugin's `create_worker` hook."""
+
+    def __init__(self, server_args, gpu_id: int, nccl_port: int, target_worker):
+        self._on_cpu = torch.device(target_worker.device).type == "cpu"
+        draft_cfg = read_draft_config(server_args.speculative_draft_model_path,
+                                      server_args.speculative_draft_model_revision)
+        target_cfg = read_target_config(server_args.model_path, getattr(server_args, "revision", None))
+        if draft_cfg is not None and target_cfg is not None:
+            check_draft_against_target(
+                draft_cfg, target_cfg,
+                target_vocab_size=int(target_worker.model_runner.model_config.vocab_size))
+        self.domino_draft_config = draft_cfg
+        _register_domino_architecture()
+
+        if self._on_cpu:
+            cpu_runtime.install()
+            with cpu_runtime.domino_device_gate_lifted():
+                super().__init__(server_args, gpu_id, nccl_port, target_worker)
+            cpu_runtime.disable_triton_qk_norm_rope(self.draft_model)
+        else:
+            super().__init__(server_args, gpu_id, nccl_port, target_worker)
+        if self.draft_model_runner.dtype != torch.bfloat16:
+            cpu_runtime.keep_input_embeds_dtype(self.draft_model_runner)
+
+        self.verify_width = self._resolve_verify_width()
+        logger.info(
+            "sglang-domino DFLASH worker: device=%s, draft block=%s, verify width=%s, domino=%s",
+            self.device, self.block_size, self.verify_width, self._is_domino)
+
+    def _resolve_verify_width(self) -> int:
+        raw = os.environ.get(VERIFY_WIDTH_ENV)
+        if not raw:
+            return int(self.block_size)
+        width = int(raw)
+        check_verify_width(int(self.block_size), width)
+        return width
+
+    def _accept_block(self, **kwargs):
+        accept_len, commit_lens, bonus, out_tokens, new_seq_lens = super()._accept_block(**kwargs)
+        width = int(self.verify_width)
+        if width >= int(self.block_size):
+            return accept_len, commit_lens, bonus, out_tokens, new_seq_lens
+        # Verify width W < block: keep at most W - 1 proposals. A row that accepted more
+        # has proposal W accepted as well (equal to the target's greedy token, or accepted
+        # by the sampling rule, hence distributed as the target at that position), so it
+        # becomes the row's bonus: output stays the target's, and every step commits at
+        # most W tokens, as a W-wide verify would.
+        candidates = kwargs["candidates"]
+        cap = width - 1
+        over = accept_len > cap
+        if not bool(over.any()):
+            return accept_len, commit_lens, bonus, out_tokens, new_seq_lens
+        accept_len = torch.clamp(accept_len, max=cap)
+        bonus = torch.where(over, candidates[:, width].to(bonus.dtype), bonus)
+        out_tokens, commit_lens = _commit_accept(candidates, accept_len, bonus)
+        return accept_len, commit_lens, bonus, out_tokens, None
+
+
+__all__ = ["DominoDFlashWorker"]
