@@ -8,7 +8,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+# Tiny models gain nothing from intra-op threads, and OpenMP spin-waiting makes them
+# 100x slower whenever the two cores are shared with another process.
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,117 @@
+"""Transformers backend on CPU: target-only decoding vs DFlash vs Domino.
+
+Prints and records, per method: output tokens/s, mean acceptance length (bonus
+included) and the share of decode time spent outside the target's forward passes
+(drafting, rollout, acceptance, bookkeeping).
+
+    python -m benchmarks.hf_cpu                       # tiny random models (plumbing only)
+    python -m benchmarks.hf_cpu --target T --draft D1 --draft D2 --prompts FILE.jsonl
+
+The baseline is plain greedy decoding with a KV cache (one target forward per token),
+never the speculative loop with a block of 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+
+import torch
+
+
+def target_only(target, ids: torch.Tensor, max_new_tokens: int) -> dict:
+    """Greedy decoding with the target alone; times the forward passes separately."""
+    from transformers import DynamicCache
+
+    t0 = time.perf_counter()
+    out = target(input_ids=ids, past_key_values=DynamicCache(), use_cache=True, logits_to_keep=1)
+    cache, tok = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+    t_decode = time.perf_counter()
+    forward = 0.0
+    for _ in range(max_new_tokens - 1):
+        f0 = time.perf_counter()
+        out = target(input_ids=tok, past_key_values=cache, use_cache=True)
+        forward += time.perf_counter() - f0
+        tok = out.logits[:, -1].argmax(-1, keepdim=True)
+    end = time.perf_counter()
+    decode = end - t_decode
+    return {"tokens": max_new_tokens, "seconds": end - t0, "accept_length": 1.0,
+            "outside_target_share": (decode - forward) / decode if decode else 0.0}
+
+
+def speculative(draft, target, ids: torch.Tensor, max_new_tokens: int, temperature: float) -> dict:
+    _, stats = draft.spec_generate(input_ids=ids, target=target, max_new_tokens=max_new_tokens,
+                                   temperature=temperature, return_stats=True)
+    decode = stats.total_time - stats.prefill_time
+    return {"tokens": stats.new_tokens, "seconds": stats.total_time, "accept_length": stats.mean_accept_length,
+            "accept_lengths": stats.accept_lengths,
+            "outside_target_share": (decode - stats.verify_time) / decode if decode else 0.0}
+
+
+def load(args):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from sglang_domino.hf import DFlashDraftModel
+    from sglang_domino.testing import tiny_draft, tiny_target
+
+    if not args.target:
+        target = tiny_target()
+        drafts = {"dflash": tiny_draft(target, "dflash", block_size=16), "domino": tiny_draft(target, "domino", block_size=16)}
+        g = torch.Generator().manual_seed(0)
+        return target, drafts, [torch.randint(0, 250, (1, 32), generator=g) for _ in range(args.num_prompts)]
+    target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(args.target)
+    drafts = {os.path.basename(os.path.normpath(p)): DFlashDraftModel.from_pretrained(p, dtype=torch.float32) for p in args.draft}
+    with open(args.prompts, encoding="utf-8") as fh:
+        texts = [json.loads(line)["prompt"] for line in fh][: args.num_prompts]
+    return target, drafts, [tok(t, return_tensors="pt").input_ids for t in texts]
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target")
+    parser.add_argument("--draft", action="append", default=[])
+    parser.add_argument("--prompts", help="JSONL with a 'prompt' field per line")
+    parser.add_argument("--num-prompts", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", default="benchmarks/results/hf_cpu.json")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    target, drafts, prompts = load(args)
+    methods = {"target-only": lambda ids: target_only(target, ids, args.max_new_tokens)}
+    for name, draft in drafts.items():
+        methods[name] = lambda ids, d=draft: speculative(d, target, ids, args.max_new_tokens, args.temperature)
+    results = {}
+    with torch.inference_mode():
+        for name, run in methods.items():
+            run(prompts[0])  # warm-up
+            runs = [run(ids) for ids in prompts]
+            tps = [r["tokens"] / r["seconds"] for r in runs]
+            results[name] = {
+                "tok_per_s": statistics.mean(tps), "tok_per_s_stdev": statistics.pstdev(tps),
+                "accept_length": statistics.mean(r["accept_length"] for r in runs),
+                "outside_target_share": statistics.mean(r["outside_target_share"] for r in runs),
+                "runs": runs,
+            }
+    base = results["target-only"]["tok_per_s"]
+    print(f"{'method':<16}{'tok/s':>10}{'speedup':>9}{'accept':>8}{'outside target':>16}")
+    for name, r in results.items():
+        print(f"{name:<16}{r['tok_per_s']:>10.1f}{r['tok_per_s'] / base:>8.2f}x{r['accept_length']:>8.2f}"
+              f"{100 * r['outside_target_share']:>15.1f}%")
+    record = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, {args.threads} threads",
+              "target": args.target or "tiny random Qwen3 (sglang_domino.testing)", "drafts": list(drafts),
+              "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "results": results}
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w", encoding="utf-8") as fh:
+        json.dump(record, fh, indent=1)
+    print(f"recorded in {args.out}")
+
+
+if __name__ == "__main__":
+    main()
