@@ -22,34 +22,15 @@ import time
 
 import torch
 
-
-def target_only(target, ids: torch.Tensor, max_new_tokens: int) -> dict:
-    """Greedy decoding with the target alone; times the forward passes separately."""
-    from transformers import DynamicCache
-
-    t0 = time.perf_counter()
-    out = target(input_ids=ids, past_key_values=DynamicCache(), use_cache=True, logits_to_keep=1)
-    cache, tok = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
-    t_decode = time.perf_counter()
-    forward = 0.0
-    for _ in range(max_new_tokens - 1):
-        f0 = time.perf_counter()
-        out = target(input_ids=tok, past_key_values=cache, use_cache=True)
-        forward += time.perf_counter() - f0
-        tok = out.logits[:, -1].argmax(-1, keepdim=True)
-    end = time.perf_counter()
-    decode = end - t_decode
-    return {"tokens": max_new_tokens, "seconds": end - t0, "accept_length": 1.0,
-            "outside_target_share": (decode - forward) / decode if decode else 0.0}
+from .decode import speculative_decode, target_only_decode
 
 
-def speculative(draft, target, ids: torch.Tensor, max_new_tokens: int, temperature: float) -> dict:
-    _, stats = draft.spec_generate(input_ids=ids, target=target, max_new_tokens=max_new_tokens,
-                                   temperature=temperature, return_stats=True)
-    decode = stats.total_time - stats.prefill_time
-    return {"tokens": stats.new_tokens, "seconds": stats.total_time, "accept_length": stats.mean_accept_length,
-            "accept_lengths": stats.accept_lengths,
-            "outside_target_share": (decode - stats.verify_time) / decode if decode else 0.0}
+def measure(result: dict) -> dict:
+    decode = result["decode_s"]
+    return {"tokens": result["tokens"], "seconds": result["seconds"],
+            "accept_length": result["accepted_tokens"] / result["verify_steps"] if result["verify_steps"] else 1.0,
+            "accept_lengths": result["accept_lengths"],
+            "outside_target_share": (decode - result["target_forward_s"]) / decode if decode else 0.0}
 
 
 def load(args):
@@ -84,9 +65,9 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     target, drafts, prompts = load(args)
-    methods = {"target-only": lambda ids: target_only(target, ids, args.max_new_tokens)}
+    methods = {"target-only": lambda ids: measure(target_only_decode(target, ids, args.max_new_tokens, (), args.temperature))}
     for name, draft in drafts.items():
-        methods[name] = lambda ids, d=draft: speculative(d, target, ids, args.max_new_tokens, args.temperature)
+        methods[name] = lambda ids, d=draft: measure(speculative_decode(d, target, ids, args.max_new_tokens, (), args.temperature))
     results = {}
     with torch.inference_mode():
         for name, run in methods.items():

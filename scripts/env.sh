@@ -6,14 +6,8 @@ cd "$ROOT"
 STAMP=.venv/.installed-$(sha1sum pyproject.toml | cut -c1-12)
 if [ ! -f "$STAMP" ]; then
     echo "[setup] installing into .venv (first run takes ~5 minutes: sglang==0.5.23 and its pins)"
-    [ -x .venv/bin/python ] || python3 -m venv .venv
-    # Plain pip: this machine's pip configuration serves the large CUDA wheels locally.
-    .venv/bin/pip install --quiet --upgrade pip
-    .venv/bin/pip install --quiet -e ".[test]"
+    ./scripts/install.sh
     rm -f .venv/.installed-*
     touch "$STAMP"
 fi
 export PATH="$ROOT/.venv/bin:$PATH"
-# Importing sglang/flashinfer creates cache directories; keep them out of $HOME.
-export SGLANG_CACHE_DIR="${SGLANG_CACHE_DIR:-$ROOT/.cache/sglang}"
-export XDG_CACHE_HOME="${XDG_CACHE_HOME:-$ROOT/.cache}"

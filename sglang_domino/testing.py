@@ -74,3 +74,55 @@ def tiny_draft(target, kind: str = "dflash", seed: int = 1, dtype: torch.dtype =
     config = tiny_draft_config(target, kind, **kwargs)
     torch.manual_seed(seed)
     return DFlashDraftModel(config).to(dtype).eval()
+
+
+# -- tiny checkpoints on disk (target + tokenizer, drafts), for servers and scripts ---------
+TINY_VOCAB = 512            # target embedding rows
+TINY_TOKENIZER_VOCAB = 500  # fewer tokenizer entries, so the mask id 511 is an unused row
+TINY_MASK_ID = TINY_VOCAB - 1
+_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+_WORDS = ("the quick brown fox jumps over a lazy dog while seven small birds sing about rivers mountains "
+          "cities numbers letters and code in the morning light every day people write programs that "
+          "print hello world then count from one to ten").split()
+
+
+def tiny_tokenizer():
+    """A byte-level BPE tokenizer (Transformers fast tokenizer) with a ChatML-style template."""
+    import random
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    rng = random.Random(0)
+    corpus = [" ".join(rng.choice(_WORDS) for _ in range(rng.randint(4, 14))) + rng.choice([".", "!", "?", ""])
+              for _ in range(400)]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=TINY_TOKENIZER_VOCAB, special_tokens=_SPECIALS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(corpus, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
+                                   model_max_length=4096)
+    fast.chat_template = _CHAT_TEMPLATE
+    return fast
+
+
+def save_tiny_target(path: str, seed: int = 0):
+    """Save a tiny target and its tokenizer to `path`; returns the model."""
+    model = tiny_target(seed=seed, vocab_size=TINY_VOCAB)
+    model.config.dtype = "float32"
+    model.save_pretrained(path)
+    tiny_tokenizer().save_pretrained(path)
+    return model
+
+
+def save_tiny_draft(path: str, target, kind: str, block_size: int = 8, seed: int = 1, **kwargs):
+    """Save a tiny draft for `target` (mask id: an unused embedding row) to `path`."""
+    draft = tiny_draft(target, kind, seed=seed, block_size=block_size, mask_token_id=TINY_MASK_ID, **kwargs)
+    draft.save_pretrained(path)
+    return draft

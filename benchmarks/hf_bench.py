@@ -1,0 +1,168 @@
+"""The Transformers benchmark behind `run_hf_benchmark.sh` (model-card interface).
+
+Environment (defaults in brackets): DRAFT_MODEL and TARGET_MODEL [the CPU test bed; a
+comma-separated DRAFT_MODEL benchmarks several drafts], TASKS [gsm8k:128, or
+heldout:16,humaneval:16 on the test bed], MAX_NEW_TOKENS [2048], TEMPERATURE [0.0],
+BLOCK_SIZE [16: the verify width], NUM_GPUS [8: prompts sharded over GPUs, one process
+each; 1 process without CUDA], REPEATS [1], DTYPE [auto], ENABLE_THINKING [0], OUT_DIR
+[benchmarks/results/hf-<time>].
+
+For fairness the baseline is plain target decoding (one cached forward per token) on
+the same prompts, chat template, thinking setting, dtype and max_new_tokens; every
+method gets a warm-up before timing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Optional
+
+from pydantic import BaseModel, Field
+
+from .records import TARGET_ONLY, Record, read, write
+from .tasks import load_prompts, parse_tasks, testbed_dir
+
+
+class HFBenchConfig(BaseModel):
+    draft_models: list[str]
+    target_model: str
+    tasks: list[tuple[str, int]]
+    max_new_tokens: int = Field(ge=1)
+    temperature: float = Field(ge=0)
+    block_size: int = Field(ge=2)
+    num_gpus: int = Field(ge=1)
+    repeats: int = Field(ge=1)
+    dtype: str
+    enable_thinking: bool
+    out_dir: str
+
+    @classmethod
+    def from_env(cls, env=os.environ) -> "HFBenchConfig":
+        on_testbed = not env.get("TARGET_MODEL") and not env.get("DRAFT_MODEL")
+        if bool(env.get("TARGET_MODEL")) != bool(env.get("DRAFT_MODEL")):
+            raise SystemExit("DRAFT_MODEL and TARGET_MODEL: set both, or neither to use the CPU test bed")
+        if on_testbed:
+            bed = testbed_dir()
+            target, drafts = os.path.join(bed, "target"), [os.path.join(bed, "dflash"), os.path.join(bed, "domino")]
+            if not all(os.path.isdir(p) for p in [target, *drafts]):
+                raise SystemExit(f"the CPU test bed is not built in {bed} (DOMINO_TESTBED_DIR): run "
+                                 "benchmarks/build_testbed.sh, or set DRAFT_MODEL and TARGET_MODEL")
+        else:
+            target, drafts = env["TARGET_MODEL"], [d for d in env["DRAFT_MODEL"].split(",") if d]
+        tasks = env.get("TASKS") or ("heldout:16,humaneval:16" if on_testbed else "gsm8k:128")
+        try:
+            return cls(draft_models=drafts, target_model=target, tasks=parse_tasks(tasks),
+                       max_new_tokens=int(env.get("MAX_NEW_TOKENS", 2048)), temperature=float(env.get("TEMPERATURE", 0.0)),
+                       block_size=int(env.get("BLOCK_SIZE", 16)), num_gpus=int(env.get("NUM_GPUS", 8)),
+                       repeats=int(env.get("REPEATS", 1)), dtype=env.get("DTYPE", "auto"),
+                       enable_thinking=env.get("ENABLE_THINKING", "0") not in ("0", "", "false", "False"),
+                       out_dir=env.get("OUT_DIR") or os.path.join("benchmarks", "results", time.strftime("hf-%Y%m%d-%H%M%S")))
+        except ValueError as err:
+            raise SystemExit(str(err)) from None
+
+
+def method_name(path: str) -> str:
+    return os.path.basename(os.path.normpath(path))
+
+
+def encode(tokenizer, prompt: str, enable_thinking: bool):
+    if tokenizer.chat_template:
+        return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                             return_tensors="pt", return_dict=False, enable_thinking=enable_thinking)
+    return tokenizer(prompt, return_tensors="pt").input_ids
+
+
+def run_shard(cfg: HFBenchConfig, shard: int, num_shards: int, clock0: float, device: str) -> str:
+    import torch
+    from tqdm import tqdm
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from sglang_domino.hf import DFlashDraftModel
+
+    from .decode import speculative_decode, target_only_decode
+
+    dtype = "auto" if cfg.dtype == "auto" else getattr(torch, cfg.dtype)
+    target = AutoModelForCausalLM.from_pretrained(cfg.target_model, dtype=dtype).to(device).eval()
+    tokenizer = AutoTokenizer.from_pretrained(cfg.target_model)
+    stops = [t for t in [tokenizer.eos_token_id, tokenizer.pad_token_id] if t is not None]
+    drafts = {method_name(p): DFlashDraftModel.from_pretrained(p, dtype=target.dtype, device_map=device) for p in cfg.draft_models}
+    methods = {TARGET_ONLY: None, **drafts}
+    work = []
+    for task, count in cfg.tasks:
+        prompts = load_prompts(task, count)
+        work += [(task, i, encode(tokenizer, p, cfg.enable_thinking).to(device)) for i, p in enumerate(prompts)
+                 if i % num_shards == shard]
+    path = os.path.join(cfg.out_dir, f"records.shard{shard}.jsonl")
+    open(path, "w").close()
+    bar = tqdm(total=len(methods) * cfg.repeats * len(work), desc=f"shard {shard}", position=shard, dynamic_ncols=True)
+    for name, draft in methods.items():
+        def run(ids, n):
+            if draft is None:
+                return target_only_decode(target, ids, n, stops, cfg.temperature)
+            return speculative_decode(draft, target, ids, n, stops, cfg.temperature, cfg.block_size)
+
+        run(work[0][2], min(16, cfg.max_new_tokens))  # warm-up
+        for repeat in range(cfg.repeats):
+            for task, index, ids in work:
+                start = time.time() - clock0
+                result = run(ids, cfg.max_new_tokens)
+                end = time.time() - clock0
+                write(path, [Record(backend="hf", method=name, task=task, concurrency=1, repeat=repeat,
+                                    prompt_index=index, prompt_tokens=ids.shape[1], start_s=start, end_s=end,
+                                    latency_s=end - start, tok_per_s=result["tokens"] / (end - start),
+                                    completion_tokens=result["tokens"], verify_steps=result["verify_steps"],
+                                    accepted_tokens=result["accepted_tokens"], accept_lengths=result["accept_lengths"])])
+                bar.set_postfix(method=name, task=task)
+                bar.update()
+    bar.close()
+    return path
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    cfg = HFBenchConfig.from_env()
+    if argv and argv[0] == "--shard":
+        shard, num_shards, clock0, device = int(argv[1]), int(argv[2]), float(argv[3]), argv[4]
+        run_shard(cfg, shard, num_shards, clock0, device)
+        return 0
+    for task, count in cfg.tasks:   # fail before any model loads if a task cannot be found
+        load_prompts(task, count)
+    os.makedirs(cfg.out_dir, exist_ok=True)
+    with open(os.path.join(cfg.out_dir, "config.json"), "w", encoding="utf-8") as fh:
+        json.dump(cfg.model_dump(), fh, indent=1)
+    import torch
+
+    gpus = torch.cuda.device_count()
+    shards = min(cfg.num_gpus, gpus) if gpus else 1
+    if not gpus:
+        print(f"no CUDA device: running 1 process on the CPU (NUM_GPUS={cfg.num_gpus} ignored)")
+    clock0 = time.time()
+    procs = []
+    for shard in range(shards):
+        env = dict(os.environ)
+        device = "cpu"
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = str(shard)
+            device = "cuda:0"
+        procs.append(subprocess.Popen([sys.executable, "-m", "benchmarks.hf_bench", "--shard", str(shard),
+                                       str(shards), repr(clock0), device], env=env))
+    failed = [p.args for p in procs if p.wait() != 0]
+    if failed:
+        print(f"{len(failed)} shard(s) failed", file=sys.stderr)
+        return 1
+    records = [r for s in range(shards) for r in read(os.path.join(cfg.out_dir, f"records.shard{s}.jsonl"))]
+    write(os.path.join(cfg.out_dir, "records.jsonl"), records, append=False)
+    for s in range(shards):
+        os.remove(os.path.join(cfg.out_dir, f"records.shard{s}.jsonl"))
+    from .report import main as report
+
+    return report([os.path.join(cfg.out_dir, "records.jsonl"), "--out", cfg.out_dir,
+                   "--title", f"Transformers backend: {os.path.basename(cfg.target_model)}"])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Transformers-backend benchmark with the model cards' interface:
+#   DRAFT_MODEL=... TARGET_MODEL=... PYTHON=python ./run_hf_benchmark.sh
+# Variables: DRAFT_MODEL, TARGET_MODEL (both unset: the CPU test bed), PYTHON, TASKS,
+# MAX_NEW_TOKENS (2048), TEMPERATURE (0.0), BLOCK_SIZE (16), NUM_GPUS (8), REPEATS (1),
+# OUT_DIR. Writes records.jsonl, summary.md and PNG plots into OUT_DIR.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+if [ -z "${PYTHON:-}" ]; then
+    source "$ROOT/scripts/env.sh"
+    PYTHON=python
+fi
+cd "$ROOT"
+exec "$PYTHON" -m benchmarks.hf_bench

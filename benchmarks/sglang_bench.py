@@ -1,0 +1,234 @@
+"""The SGLang benchmark behind `run_sglang_benchmark.sh` (model-card interface).
+
+Environment (defaults in brackets): DRAFT_MODEL and TARGET_MODEL [the CPU test bed; a
+comma-separated DRAFT_MODEL benchmarks several drafts], TASKS [gsm8k:128, or
+heldout:16,humaneval:16 on the test bed], MAX_NEW_TOKENS [2048], TEMPERATURE [0.0],
+CONCURRENCIES [1,2,4,8,16,32], BLOCK_SIZE [16], VERIFY_TOKENS [= BLOCK_SIZE; 8 for "b8"],
+TP_SIZE [1], REPEATS [1], SERVER_ARGS [extra flags for every server], PYTHON, OUT_DIR
+[benchmarks/results/sglang-<time>], SERVER_TIMEOUT [600 s].
+
+Fair by construction: one launch recipe with identical flags for every method (the
+speculative flags are the only difference), a fresh server per method, a warm-up
+before timing, `/flush_cache` before every measured run, acceptance read from each
+response's `meta_info` and checked non-zero so a silently disabled speculator fails
+the run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Optional
+
+import requests
+from pydantic import BaseModel, Field
+
+from .hf_bench import method_name
+from .records import TARGET_ONLY, Record, write
+from .tasks import load_prompts, parse_tasks, testbed_dir
+
+
+class SGLangBenchConfig(BaseModel):
+    draft_models: list[str]
+    target_model: str
+    tasks: list[tuple[str, int]]
+    max_new_tokens: int = Field(ge=1)
+    temperature: float = Field(ge=0)
+    concurrencies: list[int]
+    block_size: int = Field(ge=2)
+    verify_tokens: int = Field(ge=2)
+    tp_size: int = Field(ge=1)
+    repeats: int = Field(ge=1)
+    server_args: list[str]
+    python: str
+    out_dir: str
+    server_timeout: float
+    on_cpu: bool
+
+    @classmethod
+    def from_env(cls, env=os.environ) -> "SGLangBenchConfig":
+        if bool(env.get("TARGET_MODEL")) != bool(env.get("DRAFT_MODEL")):
+            raise SystemExit("DRAFT_MODEL and TARGET_MODEL: set both, or neither to use the CPU test bed")
+        on_testbed = not env.get("TARGET_MODEL")
+        if on_testbed:
+            bed = testbed_dir()
+            target, drafts = os.path.join(bed, "target"), [os.path.join(bed, "dflash"), os.path.join(bed, "domino")]
+            if not all(os.path.isdir(p) for p in [target, *drafts]):
+                raise SystemExit(f"the CPU test bed is not built in {bed} (DOMINO_TESTBED_DIR): run "
+                                 "benchmarks/build_testbed.sh, or set DRAFT_MODEL and TARGET_MODEL")
+        else:
+            target, drafts = env["TARGET_MODEL"], [d for d in env["DRAFT_MODEL"].split(",") if d]
+        try:
+            concs = [int(c) for c in env.get("CONCURRENCIES", "1,2,4,8,16,32").split(",") if c.strip()]
+            if not concs or min(concs) < 1:
+                raise ValueError(f"CONCURRENCIES: got {env.get('CONCURRENCIES')!r}, expected positive integers like '1,8,32'")
+            block = int(env.get("BLOCK_SIZE", 16))
+            verify = int(env.get("VERIFY_TOKENS", block))
+            if verify > block:
+                raise ValueError(f"VERIFY_TOKENS: got {verify}, expected at most BLOCK_SIZE={block}")
+            return cls(draft_models=drafts, target_model=target,
+                       tasks=parse_tasks(env.get("TASKS") or ("heldout:16,humaneval:16" if on_testbed else "gsm8k:128")),
+                       max_new_tokens=int(env.get("MAX_NEW_TOKENS", 2048)), temperature=float(env.get("TEMPERATURE", 0.0)),
+                       concurrencies=concs, block_size=block, verify_tokens=verify, tp_size=int(env.get("TP_SIZE", 1)),
+                       repeats=int(env.get("REPEATS", 1)), server_args=shlex.split(env.get("SERVER_ARGS", "")),
+                       python=env.get("PYTHON") or sys.executable,
+                       out_dir=env.get("OUT_DIR") or os.path.join("benchmarks", "results", time.strftime("sglang-%Y%m%d-%H%M%S")),
+                       server_timeout=float(env.get("SERVER_TIMEOUT", 600)), on_cpu=not _has_cuda())
+        except ValueError as err:
+            raise SystemExit(str(err)) from None
+
+    def launch_command(self, port: int, draft: Optional[str]) -> list[str]:
+        cmd = [self.python, "-m", "sglang.launch_server", "--model-path", self.target_model, "--host", "127.0.0.1",
+               "--port", str(port), "--tp-size", str(self.tp_size), "--trust-remote-code"]
+        if self.on_cpu:
+            cmd += ["--device", "cpu", "--max-total-tokens", "16384"]
+        if draft:
+            cmd += ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", draft,
+                    "--speculative-dflash-block-size", str(self.block_size)]
+            if self.verify_tokens != self.block_size:
+                cmd += ["--speculative-num-draft-tokens", str(self.verify_tokens)]
+        return cmd + self.server_args
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def server(cmd: list[str], port: int, timeout: float, log_path: str):
+    """A fresh server process for one method; stopped by its own PID (and process group)."""
+    log = open(log_path, "w", encoding="utf-8")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited with code {proc.returncode} before becoming healthy; "
+                                   f"see {log_path}:\n{_tail(log_path)}")
+            try:
+                if requests.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            if time.time() > deadline:
+                raise RuntimeError(f"server at {url} did not become healthy within {timeout:.0f} s "
+                                   f"(SERVER_TIMEOUT); see {log_path}:\n{_tail(log_path)}")
+            time.sleep(1)
+        yield url
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        log.close()
+
+
+def _tail(path: str, lines: int = 15) -> str:
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        return "".join(fh.readlines()[-lines:])
+
+
+def generate(url: str, text: str, cfg: SGLangBenchConfig) -> dict:
+    params = {"max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature}
+    if cfg.temperature == 0:
+        params["top_k"] = 1
+    resp = requests.post(url + "/generate", json={"text": text, "sampling_params": params}, timeout=3600)
+    if resp.status_code != 200:
+        raise RuntimeError(f"/generate answered {resp.status_code}: {resp.text[:300]}")
+    return resp.json()
+
+
+def measure(url: str, method: str, task: str, conc: int, repeat: int, prompts: list[str], cfg, clock0) -> list[Record]:
+    requests.post(url + "/flush_cache", timeout=60)
+
+    def one(item):
+        index, text = item
+        start = time.time() - clock0
+        out = generate(url, text, cfg)
+        end = time.time() - clock0
+        meta = out["meta_info"]
+        tokens = meta["completion_tokens"]
+        steps = int(meta.get("spec_verify_ct") or 0)
+        return Record(backend="sglang", method=method, task=task, concurrency=conc, repeat=repeat, prompt_index=index,
+                      prompt_tokens=meta.get("prompt_tokens", 0), completion_tokens=tokens, verify_steps=steps,
+                      accepted_tokens=tokens if steps else 0, start_s=start, end_s=end, latency_s=end - start,
+                      tok_per_s=tokens / (end - start))
+
+    with ThreadPoolExecutor(max_workers=conc) as pool:
+        records = list(pool.map(one, enumerate(prompts)))
+    if method != TARGET_ONLY and sum(r.verify_steps for r in records) == 0:
+        raise RuntimeError(f"{method}: meta_info.spec_verify_ct is 0 on every request of {task} at concurrency {conc}: "
+                           "the server did not run speculative decoding")
+    return records
+
+
+def main() -> int:
+    cfg = SGLangBenchConfig.from_env()
+    from tqdm import tqdm
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(cfg.target_model, trust_remote_code=True)
+    texts = {}
+    for task, count in cfg.tasks:   # every task is found before any server starts
+        texts[task] = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                                     add_generation_prompt=True, enable_thinking=False)
+                       if tokenizer.chat_template else p for p in load_prompts(task, count)]
+    os.makedirs(cfg.out_dir, exist_ok=True)
+    with open(os.path.join(cfg.out_dir, "config.json"), "w", encoding="utf-8") as fh:
+        json.dump(cfg.model_dump(), fh, indent=1)
+    records_path = os.path.join(cfg.out_dir, "records.jsonl")
+    open(records_path, "w").close()
+    methods = {TARGET_ONLY: None, **{method_name(d): d for d in cfg.draft_models}}
+    total = len(methods) * len(cfg.concurrencies) * cfg.repeats * sum(len(t) for t in texts.values())
+    bar = tqdm(total=total, desc="requests", dynamic_ncols=True)
+    clock0 = time.time()
+    for method, draft in methods.items():
+        port = free_port()
+        cmd = cfg.launch_command(port, draft)
+        print(f"[{method}] {shlex.join(cmd)}", flush=True)
+        with server(cmd, port, cfg.server_timeout, os.path.join(cfg.out_dir, f"server-{method}.log")) as url:
+            warm = next(iter(texts.values()))[: max(cfg.concurrencies)]
+            with ThreadPoolExecutor(max_workers=len(warm)) as pool:
+                list(pool.map(lambda t: generate(url, t, cfg.model_copy(update={"max_new_tokens": 16})), warm))
+            for conc in cfg.concurrencies:
+                for repeat in range(cfg.repeats):
+                    for task, prompts in texts.items():
+                        recs = measure(url, method, task, conc, repeat, prompts, cfg, clock0)
+                        write(records_path, recs)
+                        bar.set_postfix(method=method, c=conc, task=task)
+                        bar.update(len(recs))
+    bar.close()
+    from .report import main as report
+
+    return report([records_path, "--out", cfg.out_dir, "--title", f"SGLang: {os.path.basename(cfg.target_model)}"])
+
+
+if __name__ == "__main__":
+    try:
+        raise SystemExit(main())
+    except RuntimeError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(1)

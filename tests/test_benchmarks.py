@@ -1,0 +1,173 @@
+"""Benchmark plumbing: task loading, records -> summary -> recompute, the HF script end to
+end on tiny checkpoints, the SGLang script's failure paths, and the Dockerfile."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks import report
+from benchmarks.records import Record, read, write
+from benchmarks.tasks import TASKS, TaskNotFound, load_prompts, parse_tasks
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_parse_tasks():
+    assert parse_tasks("gsm8k:128, humaneval:2") == [("gsm8k", 128), ("humaneval", 2)]
+    for bad, needle in [("gsm9k:3", "unknown task 'gsm9k'"), ("gsm8k", "needs a positive count"),
+                        ("gsm8k:x", "'x' of 'gsm8k' is not an integer"), ("", "expected a list")]:
+        with pytest.raises(ValueError, match=needle):
+            parse_tasks(bad)
+    assert set(TASKS) >= {"gsm8k", "math500", "aime24", "aime25", "humaneval", "mbpp", "livecodebench",
+                          "swe-bench", "mt-bench", "alpaca"}
+
+
+def test_humaneval_ships_with_the_package():
+    prompts = load_prompts("humaneval", 500)
+    assert len(prompts) == 164 and "def has_close_elements" in prompts[0]
+
+
+def test_missing_task_names_the_variable(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("BENCH_DATA_DIR", raising=False)
+    monkeypatch.delenv("MT_BENCH_PATH", raising=False)
+    with pytest.raises(TaskNotFound, match="Set MT_BENCH_PATH to a .jsonl file"):
+        load_prompts("mt-bench", 3)
+    monkeypatch.setenv("MT_BENCH_PATH", str(tmp_path / "nope.jsonl"))
+    with pytest.raises(TaskNotFound, match="does not exist"):
+        load_prompts("mt-bench", 3)
+
+
+def test_user_files_take_templates_or_finished_prompts(monkeypatch, tmp_path):
+    (tmp_path / "gsm8k.jsonl").write_text(json.dumps({"question": "1+1?"}) + "\n" + json.dumps({"question": "2+2?"}) + "\n")
+    monkeypatch.setenv("BENCH_DATA_DIR", str(tmp_path))
+    prompts = load_prompts("gsm8k", 5)
+    assert len(prompts) == 2 and prompts[0].startswith("1+1?\nPlease reason step by step")
+    finished = tmp_path / "alpaca.jsonl"
+    finished.write_text(json.dumps({"prompt": "say hi"}) + "\n")
+    monkeypatch.setenv("ALPACA_PATH", str(finished))
+    assert load_prompts("alpaca", 1) == ["say hi"]
+
+
+def make_records():
+    recs = []
+    for method, rate, steps in [("target-only", 10.0, 0), ("dflash", 20.0, 4), ("domino", 25.0, 3)]:
+        for task in ("gsm8k", "humaneval"):
+            for conc in (1, 2):
+                for repeat in range(2):
+                    for i in range(conc):
+                        tokens = 40
+                        dur = tokens / (rate * (1.1 if repeat else 1.0))
+                        recs.append(Record(backend="sglang", method=method, task=task, concurrency=conc, repeat=repeat,
+                                           prompt_index=i, prompt_tokens=12, completion_tokens=tokens, verify_steps=steps * 3,
+                                           accepted_tokens=tokens if steps else 0, start_s=0.0, end_s=dur,
+                                           latency_s=dur, tok_per_s=tokens / dur))
+    return recs
+
+
+def test_summary_cells_and_recompute_check(tmp_path):
+    path = tmp_path / "records.jsonl"
+    write(str(path), make_records(), append=False)
+    assert len(read(str(path))) == len(make_records())
+    assert report.main([str(path), "--out", str(tmp_path), "--title", "unit"]) == 0
+    summary = (tmp_path / "summary.md").read_text()
+    # concurrency 2: two 40-token requests side by side, each at 10 tok/s (repeat 0) or 11 tok/s
+    # (repeat 1), make 20 and 22 tok/s for target-only: 21 ± 1; DFlash runs twice as fast.
+    assert "| gsm8k | 21.0 ± 1.0 (1.00×) | 42.0 ± 2.0 (2.00×) | 52.5 ± 2.5 (2.50×) |" in summary
+    assert "| **macro speedup** | 1.00× | 2.00× | 2.50× |" in summary
+    assert "| humaneval | 1 | 3.33 | 4.44 |" in summary        # 40 tokens / 12 (or 9) verify steps
+    assert {"speedup_c1.png", "speedup_c2.png", "accept_length_c1.png", "accept_length_c2.png"} <= set(os.listdir(tmp_path))
+    assert report.main([str(path), "--check", str(tmp_path / "summary.md")]) == 0
+    (tmp_path / "summary.md").write_text(summary.replace("2.50×", "2.60×"))
+    assert report.main([str(path), "--check", str(tmp_path / "summary.md")]) == 1
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoints(tmp_path_factory):
+    from sglang_domino.testing import save_tiny_draft, save_tiny_target
+
+    root = tmp_path_factory.mktemp("ckpt")
+    target = save_tiny_target(str(root / "target"))
+    save_tiny_draft(str(root / "dflash"), target, "dflash")
+    save_tiny_draft(str(root / "domino"), target, "domino")
+    return root
+
+
+def run_script(script, env_extra, timeout=600):
+    env = {**os.environ, "PYTHON": sys.executable, "HF_HUB_OFFLINE": "1", **env_extra}
+    return subprocess.run([os.path.join(ROOT, script)], env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def test_hf_benchmark_script_end_to_end(tiny_checkpoints, tmp_path):
+    out = tmp_path / "hf"
+    proc = run_script("run_hf_benchmark.sh", {
+        "TARGET_MODEL": str(tiny_checkpoints / "target"),
+        "DRAFT_MODEL": f"{tiny_checkpoints / 'dflash'},{tiny_checkpoints / 'domino'}",
+        "TASKS": "humaneval:2", "MAX_NEW_TOKENS": "8", "OUT_DIR": str(out), "BLOCK_SIZE": "8"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = read(str(out / "records.jsonl"))
+    assert {r.method for r in records} == {"target-only", "dflash", "domino"}
+    assert all(r.completion_tokens == 8 for r in records)
+    assert all(r.verify_steps > 0 for r in records if r.method != "target-only")
+    assert report.main([str(out / "records.jsonl"), "--check", str(out / "summary.md")]) == 0
+    assert (out / "speedup_c1.png").stat().st_size > 1000
+
+
+def test_hf_benchmark_rejects_bad_tasks(tiny_checkpoints, tmp_path):
+    proc = run_script("run_hf_benchmark.sh", {"TARGET_MODEL": str(tiny_checkpoints / "target"),
+                                              "DRAFT_MODEL": str(tiny_checkpoints / "dflash"), "TASKS": "gsm8k:2,mbpq:3",
+                                              "OUT_DIR": str(tmp_path / "x")})
+    assert proc.returncode != 0 and "unknown task 'mbpq'" in proc.stderr
+
+
+def test_sglang_benchmark_reports_a_server_that_never_comes_up(tiny_checkpoints, tmp_path):
+    proc = run_script("run_sglang_benchmark.sh", {
+        "TARGET_MODEL": str(tiny_checkpoints / "target"), "DRAFT_MODEL": str(tiny_checkpoints / "dflash"),
+        "TASKS": "humaneval:1", "CONCURRENCIES": "1", "OUT_DIR": str(tmp_path / "s"),
+        "SERVER_ARGS": "--no-such-flag", "SERVER_TIMEOUT": "120"})
+    assert proc.returncode == 1
+    assert "server exited with code" in proc.stderr and "before becoming healthy" in proc.stderr
+
+
+def test_sglang_benchmark_rejects_bad_settings(tiny_checkpoints, tmp_path):
+    base = {"TARGET_MODEL": str(tiny_checkpoints / "target"), "DRAFT_MODEL": str(tiny_checkpoints / "dflash"),
+            "OUT_DIR": str(tmp_path / "s")}
+    proc = run_script("run_sglang_benchmark.sh", {**base, "TASKS": "alpacca:3"})
+    assert proc.returncode != 0 and "unknown task 'alpacca'" in proc.stderr
+    proc = run_script("run_sglang_benchmark.sh", {**base, "TASKS": "humaneval:1", "VERIFY_TOKENS": "32"})
+    assert proc.returncode != 0 and "VERIFY_TOKENS: got 32, expected at most BLOCK_SIZE=16" in proc.stderr
+
+
+# -- Docker ---------------------------------------------------------------------------------
+def test_dockerfile_parses_and_mirrors_the_readme_install():
+    from dockerfile_parse import DockerfileParser
+
+    parser = DockerfileParser(path=os.path.join(ROOT, "docker", "Dockerfile"))
+    instructions = [i["instruction"] for i in parser.structure if i["instruction"] != "COMMENT"]
+    assert instructions[0] == "FROM" and "nvidia/cuda" in parser.baseimage and "devel" in parser.baseimage
+    assert set(instructions) <= {"FROM", "ENV", "RUN", "WORKDIR", "COPY", "EXPOSE", "ENTRYPOINT", "CMD", "ARG", "LABEL"}
+    runs = [i["value"] for i in parser.structure if i["instruction"] == "RUN"]
+    assert "./scripts/install.sh" in runs and "python3.11" in parser.envs["PYTHON_BIN"]
+    entry = json.loads([i["value"] for i in parser.structure if i["instruction"] == "ENTRYPOINT"][0])
+    assert entry[:2] == ["sglang", "serve"]
+    # The README's commands install through the same script.
+    env_sh = open(os.path.join(ROOT, "scripts", "env.sh")).read()
+    assert "./scripts/install.sh" in env_sh
+    install = open(os.path.join(ROOT, "scripts", "install.sh")).read()
+    assert "pip install --quiet -e" in install and "-m venv .venv" in install
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    assert "./scripts/test.sh" in readme and "./scripts/demo.sh" in readme
+
+
+def test_compose_runs_the_model_card_command():
+    import yaml
+
+    compose = yaml.safe_load(open(os.path.join(ROOT, "docker", "compose.yaml")))
+    cmd = compose["services"]["domino"]["command"]
+    flags = dict(zip(cmd[::2], cmd[1::2]))
+    assert flags["--speculative-algorithm"] == "DFLASH" and flags["--speculative-dflash-block-size"] == "16"
+    assert flags["--mamba-scheduler-strategy"] == "extra_buffer" and flags["--tp-size"] == "2"
+    assert cmd[-1] == "--trust-remote-code"
