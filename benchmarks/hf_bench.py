@@ -24,7 +24,7 @@ from typing import Optional
 from pydantic import BaseModel, Field
 
 from .records import TARGET_ONLY, Record, read, write
-from .tasks import load_prompts, parse_tasks, testbed_dir
+from .tasks import default_tasks, load_prompts, resolve_models
 
 
 class HFBenchConfig(BaseModel):
@@ -43,19 +43,9 @@ class HFBenchConfig(BaseModel):
     @classmethod
     def from_env(cls, env=os.environ) -> "HFBenchConfig":
         on_testbed = not env.get("TARGET_MODEL") and not env.get("DRAFT_MODEL")
-        if bool(env.get("TARGET_MODEL")) != bool(env.get("DRAFT_MODEL")):
-            raise SystemExit("DRAFT_MODEL and TARGET_MODEL: set both, or neither to use the CPU test bed")
-        if on_testbed:
-            bed = testbed_dir()
-            target, drafts = os.path.join(bed, "target"), [os.path.join(bed, "dflash"), os.path.join(bed, "domino")]
-            if not all(os.path.isdir(p) for p in [target, *drafts]):
-                raise SystemExit(f"the CPU test bed is not built in {bed} (DOMINO_TESTBED_DIR): run "
-                                 "benchmarks/build_testbed.sh, or set DRAFT_MODEL and TARGET_MODEL")
-        else:
-            target, drafts = env["TARGET_MODEL"], [d for d in env["DRAFT_MODEL"].split(",") if d]
-        tasks = env.get("TASKS") or ("heldout:16,humaneval:16" if on_testbed else "gsm8k:128")
+        target, drafts, on_testbed = resolve_models(env)
         try:
-            return cls(draft_models=drafts, target_model=target, tasks=parse_tasks(tasks),
+            return cls(draft_models=drafts, target_model=target, tasks=default_tasks(env, on_testbed),
                        max_new_tokens=int(env.get("MAX_NEW_TOKENS", 2048)), temperature=float(env.get("TEMPERATURE", 0.0)),
                        block_size=int(env.get("BLOCK_SIZE", 16)), num_gpus=int(env.get("NUM_GPUS", 8)),
                        repeats=int(env.get("REPEATS", 1)), dtype=env.get("DTYPE", "auto"),

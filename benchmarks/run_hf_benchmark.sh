@@ -4,11 +4,4 @@
 # Variables: DRAFT_MODEL, TARGET_MODEL (both unset: the CPU test bed), PYTHON, TASKS,
 # MAX_NEW_TOKENS (2048), TEMPERATURE (0.0), BLOCK_SIZE (16), NUM_GPUS (8), REPEATS (1),
 # OUT_DIR. Writes records.jsonl, summary.md and PNG plots into OUT_DIR.
-set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-if [ -z "${PYTHON:-}" ]; then
-    source "$ROOT/scripts/env.sh"
-    PYTHON=python
-fi
-cd "$ROOT"
-exec "$PYTHON" -m benchmarks.hf_bench
+exec "$(dirname "${BASH_SOURCE[0]}")/run_python.sh" benchmarks.hf_bench

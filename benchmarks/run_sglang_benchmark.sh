@@ -5,12 +5,4 @@
 # MAX_NEW_TOKENS (2048), TEMPERATURE (0.0), CONCURRENCIES (1,2,4,8,16,32), BLOCK_SIZE (16),
 # VERIFY_TOKENS (= BLOCK_SIZE), TP_SIZE (1), REPEATS (1), SERVER_ARGS, OUT_DIR.
 # Writes records.jsonl, summary.md, PNG plots and each server's log into OUT_DIR.
-set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-if [ -z "${PYTHON:-}" ]; then
-    source "$ROOT/scripts/env.sh"
-    PYTHON=python
-fi
-cd "$ROOT"
-export PYTHON
-exec "$PYTHON" -m benchmarks.sglang_bench
+exec "$(dirname "${BASH_SOURCE[0]}")/run_python.sh" benchmarks.sglang_bench

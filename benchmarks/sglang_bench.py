@@ -33,7 +33,7 @@ from pydantic import BaseModel, Field
 
 from .hf_bench import method_name
 from .records import TARGET_ONLY, Record, write
-from .tasks import load_prompts, parse_tasks, testbed_dir
+from .tasks import default_tasks, load_prompts, resolve_models
 
 
 class SGLangBenchConfig(BaseModel):
@@ -55,17 +55,7 @@ class SGLangBenchConfig(BaseModel):
 
     @classmethod
     def from_env(cls, env=os.environ) -> "SGLangBenchConfig":
-        if bool(env.get("TARGET_MODEL")) != bool(env.get("DRAFT_MODEL")):
-            raise SystemExit("DRAFT_MODEL and TARGET_MODEL: set both, or neither to use the CPU test bed")
-        on_testbed = not env.get("TARGET_MODEL")
-        if on_testbed:
-            bed = testbed_dir()
-            target, drafts = os.path.join(bed, "target"), [os.path.join(bed, "dflash"), os.path.join(bed, "domino")]
-            if not all(os.path.isdir(p) for p in [target, *drafts]):
-                raise SystemExit(f"the CPU test bed is not built in {bed} (DOMINO_TESTBED_DIR): run "
-                                 "benchmarks/build_testbed.sh, or set DRAFT_MODEL and TARGET_MODEL")
-        else:
-            target, drafts = env["TARGET_MODEL"], [d for d in env["DRAFT_MODEL"].split(",") if d]
+        target, drafts, on_testbed = resolve_models(env)
         try:
             concs = [int(c) for c in env.get("CONCURRENCIES", "1,2,4,8,16,32").split(",") if c.strip()]
             if not concs or min(concs) < 1:
@@ -75,7 +65,7 @@ class SGLangBenchConfig(BaseModel):
             if verify > block:
                 raise ValueError(f"VERIFY_TOKENS: got {verify}, expected at most BLOCK_SIZE={block}")
             return cls(draft_models=drafts, target_model=target,
-                       tasks=parse_tasks(env.get("TASKS") or ("heldout:16,humaneval:16" if on_testbed else "gsm8k:128")),
+                       tasks=default_tasks(env, on_testbed),
                        max_new_tokens=int(env.get("MAX_NEW_TOKENS", 2048)), temperature=float(env.get("TEMPERATURE", 0.0)),
                        concurrencies=concs, block_size=block, verify_tokens=verify, tp_size=int(env.get("TP_SIZE", 1)),
                        repeats=int(env.get("REPEATS", 1)), server_args=shlex.split(env.get("SERVER_ARGS", "")),

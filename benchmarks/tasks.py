@@ -135,6 +135,26 @@ def testbed_dir() -> str:
     return os.environ.get("DOMINO_TESTBED_DIR") or os.path.expanduser("~/.cache/sglang-domino/testbed")
 
 
+def resolve_models(env) -> tuple[str, list[str], bool]:
+    """(target, drafts, on_testbed) from TARGET_MODEL / DRAFT_MODEL (comma-separated), or the
+    CPU test bed when both are unset."""
+    if bool(env.get("TARGET_MODEL")) != bool(env.get("DRAFT_MODEL")):
+        raise SystemExit("DRAFT_MODEL and TARGET_MODEL: set both, or neither to use the CPU test bed")
+    if env.get("TARGET_MODEL"):
+        return env["TARGET_MODEL"], [d for d in env["DRAFT_MODEL"].split(",") if d], False
+    bed = testbed_dir()
+    target, drafts = os.path.join(bed, "target"), [os.path.join(bed, "dflash"), os.path.join(bed, "domino")]
+    if not all(os.path.isdir(p) for p in [target, *drafts]):
+        raise SystemExit(f"the CPU test bed is not built in {bed} (DOMINO_TESTBED_DIR): run "
+                         "benchmarks/build_testbed.sh, or set DRAFT_MODEL and TARGET_MODEL")
+    return target, drafts, True
+
+
+def default_tasks(env, on_testbed: bool) -> list[tuple[str, int]]:
+    """TASKS, else the model cards' default (gsm8k:128), or what the test bed can run offline."""
+    return parse_tasks(env.get("TASKS") or ("heldout:16,humaneval:16" if on_testbed else "gsm8k:128"))
+
+
 def _from_hub(task: Task) -> Optional[list[dict]]:
     if not task.hub_id or os.environ.get("HF_HUB_OFFLINE") == "1":
         return None
