@@ -7,5 +7,5 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PYTHON_BIN="${PYTHON_BIN:-python3}"
 [ -x .venv/bin/python ] || "$PYTHON_BIN" -m venv .venv
-.venv/bin/pip install --quiet --upgrade pip
-.venv/bin/pip install --quiet -e ".${INSTALL_EXTRAS-[test]}"
+.venv/bin/pip install -qq --upgrade pip
+.venv/bin/pip install -qq -e ".${INSTALL_EXTRAS-[test]}"

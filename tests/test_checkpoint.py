@@ -123,14 +123,17 @@ def test_missing_weights_file(tmp_path, target):
         DFlashDraftModel.from_pretrained(tmp_path)
 
 
-@pytest.mark.parametrize("kind", ["dflash", "domino"])
-def test_trust_remote_code_round_trip(tmp_path, target, kind, monkeypatch):
-    """The model card's call, on a local directory: AutoModel returns this implementation."""
+@pytest.mark.parametrize("kind,arch", [("dflash", "DFlashDraftModel"), ("domino", "DFlashDraftModel"),
+                                       ("domino", "DominoDraftModel")])
+def test_trust_remote_code_round_trip(tmp_path, target, kind, arch, monkeypatch):
+    """The model card's call, on a local directory: AutoModel returns this implementation,
+    for both architecture names (SpecForge exports Domino as `DominoDraftModel`)."""
     from transformers import AutoModel
 
     monkeypatch.setenv("HF_MODULES_CACHE", str(tmp_path / "modules"))
-    draft = tiny_draft(target, kind)
+    draft = tiny_draft(target, kind, architectures=[arch])
     draft.save_pretrained(tmp_path / "draft")
+    assert json.loads((tmp_path / "draft" / "config.json").read_text())["auto_map"]["AutoModel"] == f"dflash.{arch}"
     auto = AutoModel.from_pretrained(str(tmp_path / "draft"), trust_remote_code=True, torch_dtype="auto",
                                      device_map="cpu").eval()
     assert isinstance(auto, DFlashDraftModel)
