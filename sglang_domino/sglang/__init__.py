@@ -12,7 +12,9 @@ Entry points (see `pyproject.toml`):
   `DFlashWorkerV2`), plus argument resolution (CPU, verify width below the block,
   draft-config checks) and the `--mamba-scheduler-strategy` alias.
 
-`SGLANG_DOMINO_DISABLE=1` turns all of this off (upstream behaviour).
+`SGLANG_DOMINO_DISABLE=1` turns the worker and every hook of the general entry point off
+(upstream behaviour: DFLASH gets 0.5.23's `DFlashWorkerV2`, and `--device cpu` with DFLASH
+is refused as upstream refuses it); the CPU switch of the platform entry point stays.
 
 Importing this package imports nothing from SGLang.
 """

@@ -46,9 +46,9 @@ def _cpu_requested(argv: list[str]) -> bool:
 
 def activate():
     """Platform-plugin callable. Always returns None (no platform of our own)."""
-    from . import plugin_disabled
-
-    if plugin_disabled() or not _cpu_requested(sys.argv):
+    # Not switched off by SGLANG_DOMINO_DISABLE: that variable turns off the DFLASH
+    # worker and hooks (upstream behaviour); CPU serving itself stays possible.
+    if not _cpu_requested(sys.argv):
         return None
     os.environ[CPU_ENGINE_ENV] = "1"
     install_sgl_kernel_finder()

@@ -1,0 +1,125 @@
+"""The `sgl_kernel` CPU stand-in: ops against reference formulas, loud failure for
+anything else, and the import hook's real-first behaviour."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import pytest
+import torch
+
+from sglang_domino.sglang import cpu_ops, platform
+
+
+def _layout(bs=4, pool_len=40, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    req_to_token = torch.randint(0, 10_000, (6, pool_len), generator=g, dtype=torch.int32)
+    req_pool_indices = torch.randperm(6, generator=g)[:bs].to(torch.int64)
+    start = torch.randint(0, 20, (bs,), generator=g).to(torch.int64)
+    length = torch.tensor([0, 3, 7, 16][:bs], dtype=torch.int64)
+    return req_to_token, req_pool_indices, start, start + length
+
+
+def test_assign_req_to_token_pool_writes_each_span():
+    req_to_token, rows, start, end = _layout()
+    total = int((end - start).sum())
+    locs = torch.arange(1000, 1000 + total, dtype=torch.int64)
+    want = req_to_token.clone()
+    o = 0
+    for r, s, e in zip(rows.tolist(), start.tolist(), end.tolist()):
+        want[r, s:e] = locs[o:o + e - s].to(torch.int32)
+        o += e - s
+    got = req_to_token.clone()
+    cpu_ops.assign_req_to_token_pool_cpu(rows, got, start, end, locs, got.shape[1])
+    assert torch.equal(got, want)
+    assert not torch.equal(got, req_to_token)
+
+
+def test_assign_extend_cache_locs_gathers_each_span():
+    req_to_token, rows, start, end = _layout(seed=3)
+    want = torch.cat([req_to_token[r, s:e] for r, s, e in zip(rows.tolist(), start.tolist(), end.tolist())])
+    out = torch.full((int((end - start).sum()),), -1, dtype=torch.int64)
+    cpu_ops.assign_extend_cache_locs_cpu(rows, req_to_token, start, end, out, req_to_token.shape[1])
+    assert torch.equal(out, want.to(torch.int64))
+
+
+def test_assign_extend_then_assign_req_round_trips():
+    req_to_token, rows, start, end = _layout(seed=5)
+    out = torch.empty((int((end - start).sum()),), dtype=torch.int64)
+    cpu_ops.assign_extend_cache_locs_cpu(rows, req_to_token, start, end, out, req_to_token.shape[1])
+    fresh = torch.zeros_like(req_to_token)
+    cpu_ops.assign_req_to_token_pool_cpu(rows, fresh, start, end, out, fresh.shape[1])
+    for r, s, e in zip(rows.tolist(), start.tolist(), end.tolist()):
+        assert torch.equal(fresh[r, s:e], req_to_token[r, s:e])
+
+
+def test_spans_past_the_pool_row_are_refused():
+    req_to_token, rows, start, end = _layout()
+    with pytest.raises(ValueError, match="beyond the pool row"):
+        cpu_ops.assign_extend_cache_locs_cpu(rows, req_to_token, start, end + 100,
+                                             torch.empty(1000, dtype=torch.int64), req_to_token.shape[1])
+
+
+def test_copy_all_layer_kv_cache_moves_rows_in_every_buffer():
+    g = torch.Generator().manual_seed(0)
+    buffers = [torch.randn(12, 2, 4, generator=g), torch.randn(12, 6, generator=g).half()]
+    before = [b.clone() for b in buffers]
+    ptrs = torch.tensor([b.data_ptr() for b in buffers], dtype=torch.uint64)
+    strides = torch.tensor([b[0].numel() * b.element_size() for b in buffers], dtype=torch.int64)
+    src = torch.tensor([1, 2, 3])
+    tgt = torch.tensor([2, 3, 9])  # overlapping: all sources are read first
+    cpu_ops.copy_all_layer_kv_cache_cpu(ptrs, strides, tgt, src)
+    for b, old in zip(buffers, before):
+        want = old.clone()
+        want[tgt] = old[src]
+        assert torch.equal(b, want)
+
+
+def test_stand_in_module_fails_loudly_for_missing_ops():
+    mod = cpu_ops.build_module("no CUDA here")
+    assert mod.assign_extend_cache_locs_cpu is cpu_ops.assign_extend_cache_locs_cpu
+    stub = mod.fused_add_rmsnorm_cpu  # importable by name, as sglang's modules need ...
+    with pytest.raises(NotImplementedError, match="sgl_kernel.fused_add_rmsnorm_cpu was called.*no CUDA here"):
+        stub(torch.zeros(1))  # ... but never silently returns
+    with pytest.raises(AttributeError):
+        mod.__wrapped__
+
+
+def test_import_hook_tries_the_real_package_first_then_serves_the_stand_in(monkeypatch):
+    saved = {k: v for k, v in sys.modules.items() if k == "sgl_kernel" or k.startswith("sgl_kernel.")}
+    for k in saved:
+        monkeypatch.delitem(sys.modules, k)
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    assert platform.install_sgl_kernel_finder()
+    assert not platform.install_sgl_kernel_finder()  # once per process
+    try:
+        import sgl_kernel
+
+        real_spec = importlib.machinery.PathFinder.find_spec("sgl_kernel", None)
+        assert real_spec is not None  # the CUDA-only wheel is installed here ...
+        assert sgl_kernel.__sglang_domino_standin__  # ... fails to import, so the stand-in is served
+        assert "sgl_kernel" in sgl_kernel.STANDIN_REASON or sgl_kernel.STANDIN_REASON
+        assert not [k for k in sys.modules if k.startswith("sgl_kernel.")]  # half-imported parts purged
+        from sgl_kernel import assign_req_to_token_pool_cpu
+
+        assert assign_req_to_token_pool_cpu is cpu_ops.assign_req_to_token_pool_cpu
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module("sgl_kernel.speculative")
+    finally:
+        for k in [k for k in sys.modules if k == "sgl_kernel" or k.startswith("sgl_kernel.")]:
+            del sys.modules[k]
+        sys.modules.update(saved)
+
+
+@pytest.mark.parametrize("argv,env,want", [
+    (["sglang", "serve", "--device", "cpu"], {}, True),
+    (["sglang", "serve", "--device=cpu"], {}, True),
+    (["sglang", "serve", "--device", "cuda"], {}, False),
+    (["x"], {"SGLANG_USE_CPU_ENGINE": "1"}, True),
+])
+def test_cpu_request_detection(monkeypatch, argv, env, want):
+    monkeypatch.delenv("SGLANG_USE_CPU_ENGINE", raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert platform._cpu_requested(argv) is want

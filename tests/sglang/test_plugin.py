@@ -1,0 +1,283 @@
+"""Registration, argument resolution and the upstream symbols the plugin depends on.
+
+Anything that imports sglang runs in a subprocess: the plugin patches sglang in place,
+and SGLang only logs a failing plugin, so each check asserts the effect itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from importlib.metadata import entry_points
+
+import pytest
+
+from conftest import server_env
+
+MARK = "@@RESULT@@"
+
+
+def run_py(code: str, tmp: str, argv=("sglang",), **env) -> dict:
+    prelude = f"import sys, json\nsys.argv = {list(argv)!r}\n"
+    script = prelude + textwrap.dedent(code)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
+                         env=server_env(tmp, **env))
+    for line in reversed(out.stdout.splitlines()):
+        if line.startswith(MARK):
+            return json.loads(line[len(MARK):])
+    raise AssertionError(f"no result (rc={out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-6000:]}")
+
+
+def emit(name: str = "result") -> str:
+    return f"print({MARK!r} + json.dumps({name}))"
+
+
+def test_entry_points_are_registered():
+    plugins = {ep.name: ep.value for ep in entry_points(group="sglang.srt.plugins")}
+    platforms = {ep.name: ep.value for ep in entry_points(group="sglang.srt.platforms")}
+    assert plugins.get("sglang_domino") == "sglang_domino.sglang.plugin:register"
+    assert platforms.get("sglang_domino_cpu") == "sglang_domino.sglang.platform:activate"
+
+
+def test_importing_the_package_and_plugin_modules_does_not_import_sglang(sglang_tmp):
+    result = run_py(f"""
+        import sglang_domino, sglang_domino.sglang, sglang_domino.sglang.plugin, sglang_domino.sglang.platform
+        import sglang_domino.sglang.checks
+        result = sorted(m for m in sys.modules if m == "sglang" or m.startswith("sglang.") or m == "sgl_kernel")
+        {emit()}
+    """, sglang_tmp)
+    assert result == []
+
+
+HOOK_CHECK = f"""
+    import os
+    from sglang.srt.plugins import load_plugins
+    load_plugins()
+    from sglang_domino.sglang import plugin
+    plugin.register(); plugin.register()  # idempotent
+    from sglang.srt.arg_groups import resolution_hooks
+    from sglang.srt.arg_groups.choices import DRAFT_ATTENTION_BACKEND_CHOICES
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+    ours = sum(1 for f in resolution_hooks._HOOKS.get("handle_speculative_decoding", ())
+               if getattr(f, "_sglang_domino", False))
+    worker = SpeculativeAlgorithm.DFLASH.create_worker(None) if plugin.hooks_installed()["create_worker"] else None
+    import argparse
+    from sglang.srt.server_args import ServerArgs
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    ns = parser.parse_args(["--model-path", "x", "--mamba-scheduler-strategy", "extra_buffer"])
+    ns_default = parser.parse_args(["--model-path", "x"])
+    result = dict(hooks=plugin.hooks_installed(), resolution_hooks=ours,
+                  worker=None if worker is None else worker.__module__ + "." + worker.__name__,
+                  mamba=getattr(ns, "mamba_radix_cache_strategy", None),
+                  mamba_default=getattr(ns_default, "mamba_radix_cache_strategy", None),
+                  torch_native_draft="torch_native" in DRAFT_ATTENTION_BACKEND_CHOICES,
+                  cpu_engine=os.environ.get("SGLANG_USE_CPU_ENGINE"))
+    {emit()}
+"""
+
+
+def test_hooks_are_in_place_after_load_plugins(sglang_tmp):
+    r = run_py(HOOK_CHECK, sglang_tmp)
+    assert r["hooks"] == {"create_worker": True, "add_cli_args": True, "resolution": True}
+    assert r["resolution_hooks"] == 1
+    assert r["worker"] == "sglang_domino.sglang.worker.DominoDFlashWorker"
+    assert r["mamba"] == "extra_buffer"
+    assert r["mamba_default"] == "auto"
+    # no --device cpu on this command line: the CPU engine stays off, the list untouched
+    assert r["cpu_engine"] is None and r["torch_native_draft"] is False
+
+
+def test_device_cpu_on_the_command_line_switches_the_cpu_engine_on(sglang_tmp):
+    r = run_py(textwrap.dedent(HOOK_CHECK) + textwrap.dedent(f"""
+        import sgl_kernel
+        result = dict(result, standin=bool(getattr(sgl_kernel, "__sglang_domino_standin__", False)))
+        {emit()}
+    """), sglang_tmp, argv=("sglang", "serve", "--device", "cpu"))
+    assert r["cpu_engine"] == "1"
+    assert r["torch_native_draft"] is True
+    assert r["standin"] is True
+
+
+def test_disable_env_leaves_upstream_behaviour(sglang_tmp):
+    r = run_py(f"""
+        import os
+        from sglang.srt.plugins import load_plugins
+        load_plugins()
+        from sglang_domino.sglang import plugin
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+        from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+        result = dict(hooks=plugin.hooks_installed(), cpu_engine=os.environ.get("SGLANG_USE_CPU_ENGINE"))
+        {emit()}
+    """, sglang_tmp, argv=("sglang", "serve", "--device", "cpu"), SGLANG_DOMINO_DISABLE="1")
+    assert r["hooks"] == {"create_worker": False, "add_cli_args": False, "resolution": False}
+    assert r["cpu_engine"] == "1"  # the CPU switch is not the worker: it stays on
+
+
+RESOLVE = f"""
+    import os
+    from sglang.srt.plugins import load_plugins
+    load_plugins()
+    from sglang.srt.server_args import prepare_server_args
+    from sglang.srt.arg_groups.model_override_base import resolving_view
+    try:
+        sa = prepare_server_args(ARGS)
+        sa.resolve_once()
+        v = resolving_view(sa)
+        result = dict(ok=True, num_draft_tokens=v.speculative_num_draft_tokens,
+                      draft_backend=v.speculative_draft_attention_backend,
+                      width=os.environ.get("SGLANG_DOMINO_VERIFY_WIDTH"))
+    except Exception as err:
+        result = dict(ok=False, error=type(err).__name__ + ": " + str(err))
+    {emit()}
+"""
+
+
+def resolve(tmp, models, draft: str, *extra: str, env=None) -> dict:
+    args = ["--model-path", models["target"], "--device", "cpu", "--speculative-algorithm", "DFLASH",
+            "--speculative-draft-model-path", draft, *extra]
+    return run_py(f"ARGS = {args!r}\n" + textwrap.dedent(RESOLVE), tmp, argv=("sglang", "serve", "--device", "cpu"),
+                  **(env or {}))
+
+
+def test_resolution_on_cpu_with_a_verify_width_below_the_block(sglang_tmp, models):
+    r = resolve(sglang_tmp, models, models["domino"], "--speculative-dflash-block-size", "16",
+                "--speculative-num-draft-tokens", "8")
+    assert r == {"ok": True, "num_draft_tokens": 16, "draft_backend": "torch_native", "width": "8"}
+    r = resolve(sglang_tmp, models, models["dflash"], "--speculative-dflash-block-size", "16")
+    assert r == {"ok": True, "num_draft_tokens": 16, "draft_backend": "torch_native", "width": None}
+
+
+def test_resolution_refuses_a_verify_width_larger_than_the_block(sglang_tmp, models):
+    r = resolve(sglang_tmp, models, models["dflash"], "--speculative-dflash-block-size", "8",
+                "--speculative-num-draft-tokens", "16")
+    assert not r["ok"]
+    assert "verify width" in r["error"] and "larger than --speculative-dflash-block-size 8" in r["error"]
+
+
+def test_disabled_plugin_gives_upstreams_cpu_refusal(sglang_tmp, models):
+    r = resolve(sglang_tmp, models, models["dflash"], "--speculative-dflash-block-size", "16",
+                env={"SGLANG_DOMINO_DISABLE": "1", "SGLANG_USE_CPU_ENGINE": "1"})
+    assert not r["ok"]
+    assert "DFLASH speculative decoding is not supported by CpuSRTPlatform" in r["error"]
+
+
+def _bad_draft(models, tmp, name, **changes):
+    import shutil
+
+    path = os.path.join(tmp, "bad-drafts", name)
+    if not os.path.exists(path):
+        shutil.copytree(models["dflash"], path)
+        with open(os.path.join(path, "config.json")) as fh:
+            cfg = json.load(fh)
+        for key, value in changes.items():
+            if key == "dflash_config":
+                cfg[key].update(value)
+            else:
+                cfg[key] = value
+        with open(os.path.join(path, "config.json"), "w") as fh:
+            json.dump(cfg, fh)
+    return path
+
+
+@pytest.mark.parametrize("name,changes,message", [
+    ("vocab", {"vocab_size": 1024}, "vocab_size: draft has 1024, expected the target's vocab_size 512"),
+    ("hidden", {"hidden_size": 128}, "hidden_size: draft has 128, expected the target's hidden_size 64"),
+    ("mask", {"dflash_config": {"mask_token_id": 4096}}, "mask_token_id: got 4096, expected an id inside the target vocabulary [0, 511]"),
+    ("last_layer", {"dflash_config": {"target_layer_ids": [1, 3]}}, "expected ids below the target's last layer 3"),
+    ("projector", {"dflash_config": {"projector_type": "medusa"}}, "projector_type"),
+])
+def test_resolution_refuses_a_draft_that_does_not_fit_the_target(sglang_tmp, models, name, changes, message):
+    r = resolve(sglang_tmp, models, _bad_draft(models, sglang_tmp, name, **changes),
+                "--speculative-dflash-block-size", "16")
+    assert not r["ok"]
+    assert r["error"].startswith("DraftConfigError") or "invalid draft config" in r["error"], r
+    assert message in r["error"], r
+
+
+UPSTREAM = f"""
+    import inspect
+    from sglang.srt.plugins import load_plugins
+    import sglang.srt.speculative.dflash_worker_v2 as w2
+    import sglang.srt.speculative.domino_utils as du
+    import sglang.srt.arg_groups.speculative_hook as sh
+    from sglang.srt.arg_groups.choices import DRAFT_ATTENTION_BACKEND_CHOICES, add_draft_attention_backend_choices
+    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+    from sglang.srt.model_executor.model_runner import ModelRunner
+    from sglang.srt.models import dflash as mdf
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+    src_validate = inspect.getsource(du.validate_domino_runtime)
+    last_raise = src_validate.rsplit("raise ValueError", 1)[1]
+    result = dict(
+        accept_params=list(inspect.signature(w2.DFlashWorkerV2._accept_block).parameters),
+        init_params=list(inspect.signature(w2.DFlashWorkerV2.__init__).parameters),
+        validate_bound=w2.validate_domino_runtime is du.validate_domino_runtime,
+        bf16_is_last=("BF16" in last_raise and "requires CUDA" in src_validate),
+        platform_global=hasattr(sh, "current_platform") and "current_platform.is_out_of_tree()" in inspect.getsource(sh._handle_dflash),
+        choices_list=isinstance(DRAFT_ATTENTION_BACKEND_CHOICES, list),
+        record_stream="record_stream(" in inspect.getsource(w2.DFlashWorkerV2.forward_batch_generation),
+        fwd_ext=list(inspect.signature(TorchNativeAttnBackend.forward_extend).parameters)[:6],
+        extend_kwargs=list(inspect.signature(ModelRunner._extend_forward_kwargs).parameters),
+        qk_flag="use_table_qk_norm_rope" in inspect.getsource(mdf),
+        commit=list(inspect.signature(w2._commit_accept).parameters),
+        create_worker=list(inspect.signature(SpeculativeAlgorithm.create_worker).parameters),
+    )
+    {emit()}
+"""
+
+
+def test_upstream_symbols_the_plugin_depends_on_are_still_there(sglang_tmp):
+    r = run_py(UPSTREAM, sglang_tmp)
+    assert r["accept_params"] == ["self", "candidates", "next_token_logits", "sampling_info", "draft_input",
+                                  "prefix_lens", "bs", "target_predict"]
+    assert r["init_params"] == ["self", "server_args", "gpu_id", "nccl_port", "target_worker"]
+    assert r["validate_bound"] and r["bf16_is_last"] and r["platform_global"] and r["choices_list"]
+    assert r["record_stream"] and r["qk_flag"]
+    assert r["fwd_ext"] == ["self", "q", "k", "v", "layer", "forward_batch"]
+    assert r["extend_kwargs"] == ["self", "forward_batch", "pp_proxy_tensors"]
+    assert r["commit"] == ["candidates", "accept_len", "bonus_tokens"]
+    assert r["create_worker"] == ["self", "server_args"]
+
+
+ACCEPT_CAP = f"""
+    import torch
+    from sglang_domino.sglang.worker import DominoDFlashWorker
+
+    class Sync:
+        def sync(self, site, tensor):
+            pass
+
+    w = DominoDFlashWorker.__new__(DominoDFlashWorker)
+    w._selector_sample = None
+    w._tp_sync = Sync()
+    w._use_triton_accept_bonus = False
+    w.block_size = 8
+    # candidates: [bonus, d1..d7]; the target's greedy token at each position
+    candidates = torch.tensor([[9, 1, 2, 3, 4, 5, 6, 7],    # all 7 proposals right
+                               [9, 1, 2, 0, 4, 5, 6, 7],    # 2 right
+                               [9, 1, 2, 3, 4, 0, 6, 7]])   # 4 right
+    target = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8]] * 3)
+    out = dict()
+    for width in (8, 4):
+        w.verify_width = width
+        acc, commit, bonus, tokens, new_lens = w._accept_block(
+            candidates=candidates, next_token_logits=None, sampling_info=None, draft_input=None,
+            prefix_lens=torch.tensor([10, 10, 10]), bs=3, target_predict=target.reshape(-1))
+        out[width] = dict(acc=acc.tolist(), commit=commit.tolist(), bonus=bonus.tolist(),
+                          tokens=[t[:c] for t, c in zip(tokens.tolist(), commit.tolist())])
+    result = out
+    {emit()}
+"""
+
+
+def test_verify_width_caps_acceptance_and_keeps_the_target_tokens(sglang_tmp):
+    r = run_py(ACCEPT_CAP, sglang_tmp)
+    full, capped = r["8"], r["4"]
+    assert full["acc"] == [7, 2, 4] and full["commit"] == [8, 3, 5]
+    assert full["tokens"] == [[1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3], [1, 2, 3, 4, 5]]
+    # width 4: at most 3 proposals + 1 token per step, and every token is still the target's
+    assert capped["acc"] == [3, 2, 3] and capped["commit"] == [4, 3, 4]
+    assert capped["tokens"] == [[1, 2, 3, 4], [1, 2, 3], [1, 2, 3, 4]]
+    assert capped["bonus"] == [4, 3, 4]

@@ -1,0 +1,87 @@
+"""Tiny target (+ byte-level BPE tokenizer) and drafts saved to disk for the SGLang tests.
+
+Target: `sglang_domino.testing.tiny_target` with a 512-row embedding; the tokenizer has
+fewer entries (TOKENIZER_VOCAB), so the drafts' mask id 511 is an unused embedding row.
+"""
+
+from __future__ import annotations
+
+import os
+
+TARGET_VOCAB = 512
+TOKENIZER_VOCAB = 500
+MASK_ID = TARGET_VOCAB - 1
+# The target's lm_head keeps two opposite rows (+w, -w) and zeroes the others: greedy
+# output is a context-dependent sequence over these two tokens, and a random draft
+# guesses right about half the time, so verify steps commit several tokens (random
+# drafts on a random target would accept nothing and leave the commit path idle).
+LIVE_TOKENS = (300, 301)
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+WORDS = ("the quick brown fox jumps over a lazy dog while seven small birds sing about rivers mountains "
+         "cities numbers letters and code in the morning light every day people write programs that "
+         "print hello world then count from one to ten").split()
+
+
+def _corpus(n: int = 400) -> list[str]:
+    import random
+
+    rng = random.Random(0)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 14))) + rng.choice([".", "!", "?", ""])
+            for _ in range(n)]
+
+
+def build_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=TOKENIZER_VOCAB, special_tokens=SPECIALS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(_corpus(), trainer=trainer)
+    assert tok.get_vocab_size() <= TOKENIZER_VOCAB < MASK_ID
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
+                                   model_max_length=4096)
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def build_target(path: str, seed: int = 0):
+    """Save the target model and its tokenizer to `path`; returns the HF model."""
+    import torch
+
+    from sglang_domino.testing import tiny_target
+
+    model = tiny_target(seed=seed, vocab_size=TARGET_VOCAB, dtype=torch.float32)
+    with torch.no_grad():
+        w = model.lm_head.weight[LIVE_TOKENS[0]].clone()
+        model.lm_head.weight.zero_()
+        model.lm_head.weight[LIVE_TOKENS[0]] = w
+        model.lm_head.weight[LIVE_TOKENS[1]] = -w
+    model.config.dtype = "float32"
+    model.save_pretrained(path)
+    build_tokenizer().save_pretrained(path)
+    return model
+
+
+def build_draft(path: str, target, kind: str, block_size: int, seed: int = 1, **kwargs):
+    from sglang_domino.testing import tiny_draft
+
+    draft = tiny_draft(target, kind, seed=seed, block_size=block_size, mask_token_id=MASK_ID, **kwargs)
+    draft.save_pretrained(path)
+    return draft
+
+
+if __name__ == "__main__":  # python tests/sglang/tiny.py OUT_DIR
+    import sys
+
+    out = sys.argv[1]
+    target = build_target(os.path.join(out, "target"))
+    build_draft(os.path.join(out, "dflash"), target, "dflash", 16)
+    build_draft(os.path.join(out, "domino"), target, "domino", 16)
