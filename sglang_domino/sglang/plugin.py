@@ -19,6 +19,9 @@ What it registers (all idempotent, `SGLANG_DOMINO_DISABLE=1` registers nothing):
     DFLASH's device gate lifted for `--device cpu`, draft checked against the target.
   * AFTER `ServerArgs.add_cli_args` (`srt/server_args.py:351`): the model cards'
     `--mamba-scheduler-strategy` as an alias of `--mamba-radix-cache-strategy`.
+  * BEFORE `TokenizerManager._validate_one_request` (`managers/tokenizer_manager.py:1307`):
+    prompt token ids outside the vocabulary are refused (0.5.23 lets them crash the
+    scheduler).
   * with the CPU engine on: `torch_native` appended to
     `DRAFT_ATTENTION_BACKEND_CHOICES` (`srt/arg_groups/choices.py:103`).
 """
@@ -35,6 +38,7 @@ logger = logging.getLogger(__name__)
 
 CREATE_WORKER_TARGET = "sglang.srt.speculative.spec_info.SpeculativeAlgorithm.create_worker"
 ADD_CLI_ARGS_TARGET = "sglang.srt.server_args.ServerArgs.add_cli_args"
+VALIDATE_REQUEST_TARGET = "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request"
 RESOLUTION_STEP = "handle_speculative_decoding"
 OLD_MAMBA_FLAG = "--mamba-scheduler-strategy"
 SOURCE = "sglang_domino"
@@ -80,6 +84,24 @@ def _after_add_cli_args(result, *args, **kwargs):
 
 
 _after_add_cli_args._sglang_domino = True
+
+
+def _before_validate_one_request(self, obj, input_ids, *args, **kwargs):
+    """0.5.23 checks `token_ids_logprob` against the vocabulary
+    (`tokenizer_manager.py:1513-1531`) but not the prompt's own token ids: an id outside
+    the embedding reaches the scheduler and kills it (`IndexError` in the target's
+    embedding). Refuse it here, in the tokenizer manager, with the same wording."""
+    if isinstance(input_ids, list) and input_ids and isinstance(input_ids[0], int):
+        vocab = int(self.model_config.vocab_size)
+        for token_id in input_ids:
+            if token_id < 0 or token_id >= vocab:
+                raise ValueError(
+                    f"input_ids contains out-of-vocabulary token id {token_id}; valid range is [0, {vocab})."
+                )
+    return None
+
+
+_before_validate_one_request._sglang_domino = True
 
 
 class _CpuDFlashPlatform:
@@ -177,6 +199,7 @@ def register() -> None:
 
     HookRegistry.register(CREATE_WORKER_TARGET, _around_create_worker, HookType.AROUND)
     HookRegistry.register(ADD_CLI_ARGS_TARGET, _after_add_cli_args, HookType.AFTER)
+    HookRegistry.register(VALIDATE_REQUEST_TARGET, _before_validate_one_request, HookType.BEFORE)
     register_resolution_hook(RESOLUTION_STEP)(_resolve_speculative)
     if _cpu_engine():
         from sglang.srt.arg_groups.choices import DRAFT_ATTENTION_BACKEND_CHOICES, add_draft_attention_backend_choices
@@ -210,6 +233,7 @@ def hooks_installed() -> dict[str, bool]:
     return {
         "create_worker": wraps_ours(CREATE_WORKER_TARGET),
         "add_cli_args": wraps_ours(ADD_CLI_ARGS_TARGET),
+        "validate_request": wraps_ours(VALIDATE_REQUEST_TARGET),
         "resolution": any(getattr(f, "_sglang_domino", False)
                           for f in resolution_hooks._HOOKS.get(RESOLUTION_STEP, ())),
     }

@@ -7,6 +7,9 @@ draft block, the Domino rollout and the KV bookkeeping, is upstream's):
     on CPU installs `cpu_runtime` and builds the upstream worker with the Domino device
     gate lifted, then switches the draft's Triton qk-norm/rope off; keeps the draft's
     `input_embeds` in the runner dtype; reads the verify width (b8).
+  * hooks installed from `__init__` (scheduler only): `parse_dflash_draft_config` reads
+    the `causal_v5` alias as `domino`; `DFlashDraftModel.load_weights` sees names through
+    `sglang_domino.checkpoint.normalize_keys` (legacy `logit_head.*` keys).
   * `_accept_block` (`dflash_worker_v2.py:2187`): with a verify width W below the draft
     block, acceptance is capped at W - 1 proposals (max W tokens per verify).
 """
@@ -20,6 +23,7 @@ from typing import Optional
 import torch
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2, _commit_accept
 
+from ..config import DOMINO_PROJECTORS
 from . import VERIFY_WIDTH_ENV
 from . import cpu_runtime
 from .checks import check_draft_against_target, check_verify_width, read_draft_config, read_target_config
@@ -38,6 +42,63 @@ def _register_domino_architecture() -> None:
         ModelRegistry.models["DominoDraftModel"] = DFlashDraftModel
 
 
+PARSE_DRAFT_CONFIG = "sglang.srt.speculative.dflash_utils.parse_dflash_draft_config"
+LOAD_DRAFT_WEIGHTS = "sglang.srt.models.dflash.DFlashDraftModel.load_weights"
+_compat_installed = False
+
+
+def _around_parse_dflash_draft_config(original, *args, draft_hf_config=None, **kwargs):
+    """0.5.23 recognises the Domino projector only as `projector_type == "domino"`
+    (`dflash_utils.py:727-734`, `models/dflash.py:780`, `:923`, `:987`); older exports
+    write the alias `causal_v5`, accepted by `DraftConfig` (DOMINO_PROJECTORS). Rewrite
+    the alias on the config object, then parse as upstream."""
+    if draft_hf_config is not None:
+        section = getattr(draft_hf_config, "dflash_config", None)
+        if isinstance(draft_hf_config, dict):
+            section = draft_hf_config.get("dflash_config")
+        if isinstance(section, dict) and section.get("projector_type") in DOMINO_PROJECTORS:
+            section["projector_type"] = "domino"
+        top = (draft_hf_config.get("projector_type") if isinstance(draft_hf_config, dict)
+               else getattr(draft_hf_config, "projector_type", None))
+        if top in DOMINO_PROJECTORS and top != "domino":
+            if isinstance(draft_hf_config, dict):
+                draft_hf_config["projector_type"] = "domino"
+            else:
+                draft_hf_config.projector_type = "domino"
+    return original(*args, draft_hf_config=draft_hf_config, **kwargs)
+
+
+def _around_load_weights(original, self, weights, *args, **kwargs):
+    """`DFlashDraftModel.load_weights` (`models/dflash.py:886`) silently ignores unknown
+    names, so legacy `logit_head.prefix_gru.*` / `logit_head.embed_proj.*` keys end in
+    "missing required projector weights". Feed it names through the project's one key
+    normalisation, `sglang_domino.checkpoint.normalize_keys`."""
+    from ..checkpoint import normalize_keys
+
+    def renamed():
+        for name, tensor in weights:
+            yield from normalize_keys({name: tensor}).items()
+
+    return original(self, renamed(), *args, **kwargs)
+
+
+_around_parse_dflash_draft_config._sglang_domino = True
+_around_load_weights._sglang_domino = True
+
+
+def install_checkpoint_compat() -> None:
+    global _compat_installed
+    if _compat_installed:
+        return
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register(PARSE_DRAFT_CONFIG, _around_parse_dflash_draft_config, HookType.AROUND)
+    HookRegistry.register(LOAD_DRAFT_WEIGHTS, _around_load_weights, HookType.AROUND)
+    HookRegistry.apply_hooks()
+    _register_domino_architecture()
+    _compat_installed = True
+
+
 class DominoDFlashWorker(DFlashWorkerV2):
     """Returned for `--speculative-algorithm DFLASH` by the plugin's `create_worker` hook."""
 
@@ -51,7 +112,7 @@ class DominoDFlashWorker(DFlashWorkerV2):
                 draft_cfg, target_cfg,
                 target_vocab_size=int(target_worker.model_runner.model_config.vocab_size))
         self.domino_draft_config = draft_cfg
-        _register_domino_architecture()
+        install_checkpoint_compat()
 
         if self._on_cpu:
             cpu_runtime.install()

@@ -76,6 +76,8 @@ def models(sglang_tmp):
     for kind in ("dflash", "domino"):
         paths[kind] = os.path.join(root, kind)
         tiny.build_draft(paths[kind], target, kind, BLOCK)
+    paths["domino_legacy"] = os.path.join(root, "domino_legacy")
+    tiny.build_legacy_domino(paths["domino_legacy"], paths["domino"])
     paths["hf_target"] = target
     return paths
 
@@ -196,12 +198,13 @@ def start_server(args, tmp, name, **kwargs) -> Server:
 BASE_ARGS = ["--device", "cpu", "--dtype", "float32", "--max-total-tokens", "3072", "--max-running-requests", "16",
              "--sleep-on-idle"]
 
-# name -> (draft kind, verify width or None for width = block)
+# name -> (draft, verify width or None for width = block). The width-8 Domino server
+# loads the legacy export of the same draft (DominoDraftModel / causal_v5 / logit_head.*).
 SPEC_CONFIGS = {
     "dflash": ("dflash", None),
     "domino": ("domino", None),
     "dflash_w8": ("dflash", 8),
-    "domino_w8": ("domino", 8),
+    "domino_legacy_w8": ("domino_legacy", 8),
 }
 
 

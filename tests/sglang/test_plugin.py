@@ -81,7 +81,7 @@ HOOK_CHECK = f"""
 
 def test_hooks_are_in_place_after_load_plugins(sglang_tmp):
     r = run_py(HOOK_CHECK, sglang_tmp)
-    assert r["hooks"] == {"create_worker": True, "add_cli_args": True, "resolution": True}
+    assert r["hooks"] == {"create_worker": True, "add_cli_args": True, "validate_request": True, "resolution": True}
     assert r["resolution_hooks"] == 1
     assert r["worker"] == "sglang_domino.sglang.worker.DominoDFlashWorker"
     assert r["mamba"] == "extra_buffer"
@@ -112,7 +112,8 @@ def test_disable_env_leaves_upstream_behaviour(sglang_tmp):
         result = dict(hooks=plugin.hooks_installed(), cpu_engine=os.environ.get("SGLANG_USE_CPU_ENGINE"))
         {emit()}
     """, sglang_tmp, argv=("sglang", "serve", "--device", "cpu"), SGLANG_DOMINO_DISABLE="1")
-    assert r["hooks"] == {"create_worker": False, "add_cli_args": False, "resolution": False}
+    assert r["hooks"] == {"create_worker": False, "add_cli_args": False, "validate_request": False,
+                          "resolution": False}
     assert r["cpu_engine"] == "1"  # the CPU switch is not the worker: it stays on
 
 
@@ -122,44 +123,45 @@ RESOLVE = f"""
     load_plugins()
     from sglang.srt.server_args import prepare_server_args
     from sglang.srt.arg_groups.model_override_base import resolving_view
-    try:
-        sa = prepare_server_args(ARGS)
-        sa.resolve_once()
-        v = resolving_view(sa)
-        result = dict(ok=True, num_draft_tokens=v.speculative_num_draft_tokens,
-                      draft_backend=v.speculative_draft_attention_backend,
-                      width=os.environ.get("SGLANG_DOMINO_VERIFY_WIDTH"))
-    except Exception as err:
-        result = dict(ok=False, error=type(err).__name__ + ": " + str(err))
+    result = []
+    for args in CASES:
+        try:
+            sa = prepare_server_args(args)
+            sa.resolve_once()
+            v = resolving_view(sa)
+            result.append(dict(ok=True, num_draft_tokens=v.speculative_num_draft_tokens,
+                               draft_backend=v.speculative_draft_attention_backend,
+                               width=os.environ.get("SGLANG_DOMINO_VERIFY_WIDTH")))
+        except Exception as err:
+            result.append(dict(ok=False, error=type(err).__name__ + ": " + str(err)))
     {emit()}
 """
 
 
-def resolve(tmp, models, draft: str, *extra: str, env=None) -> dict:
-    args = ["--model-path", models["target"], "--device", "cpu", "--speculative-algorithm", "DFLASH",
-            "--speculative-draft-model-path", draft, *extra]
-    return run_py(f"ARGS = {args!r}\n" + textwrap.dedent(RESOLVE), tmp, argv=("sglang", "serve", "--device", "cpu"),
+def resolve(tmp, models, cases, env=None) -> list[dict]:
+    """Resolve each (draft path, extra args) case in one fresh sglang process."""
+    argvs = [["--model-path", models["target"], "--device", "cpu", "--speculative-algorithm", "DFLASH",
+              "--speculative-draft-model-path", draft, *extra] for draft, extra in cases]
+    return run_py(f"CASES = {argvs!r}\n" + textwrap.dedent(RESOLVE), tmp, argv=("sglang", "serve", "--device", "cpu"),
                   **(env or {}))
 
 
-def test_resolution_on_cpu_with_a_verify_width_below_the_block(sglang_tmp, models):
-    r = resolve(sglang_tmp, models, models["domino"], "--speculative-dflash-block-size", "16",
-                "--speculative-num-draft-tokens", "8")
-    assert r == {"ok": True, "num_draft_tokens": 16, "draft_backend": "torch_native", "width": "8"}
-    r = resolve(sglang_tmp, models, models["dflash"], "--speculative-dflash-block-size", "16")
-    assert r == {"ok": True, "num_draft_tokens": 16, "draft_backend": "torch_native", "width": None}
-
-
-def test_resolution_refuses_a_verify_width_larger_than_the_block(sglang_tmp, models):
-    r = resolve(sglang_tmp, models, models["dflash"], "--speculative-dflash-block-size", "8",
-                "--speculative-num-draft-tokens", "16")
-    assert not r["ok"]
-    assert "verify width" in r["error"] and "larger than --speculative-dflash-block-size 8" in r["error"]
+def test_resolution_on_cpu_verify_width_and_its_limits(sglang_tmp, models):
+    w8, plain, too_wide = resolve(sglang_tmp, models, [
+        (models["domino"], ["--speculative-dflash-block-size", "16", "--speculative-num-draft-tokens", "8"]),
+        (models["dflash"], ["--speculative-dflash-block-size", "16"]),
+        (models["dflash"], ["--speculative-dflash-block-size", "8", "--speculative-num-draft-tokens", "16"]),
+    ])
+    assert w8 == {"ok": True, "num_draft_tokens": 16, "draft_backend": "torch_native", "width": "8"}
+    assert plain == {"ok": True, "num_draft_tokens": 16, "draft_backend": "torch_native", "width": None}
+    assert not too_wide["ok"]
+    assert "verify width" in too_wide["error"]
+    assert "larger than --speculative-dflash-block-size 8" in too_wide["error"]
 
 
 def test_disabled_plugin_gives_upstreams_cpu_refusal(sglang_tmp, models):
-    r = resolve(sglang_tmp, models, models["dflash"], "--speculative-dflash-block-size", "16",
-                env={"SGLANG_DOMINO_DISABLE": "1", "SGLANG_USE_CPU_ENGINE": "1"})
+    (r,) = resolve(sglang_tmp, models, [(models["dflash"], ["--speculative-dflash-block-size", "16"])],
+                   env={"SGLANG_DOMINO_DISABLE": "1"})
     assert not r["ok"]
     assert "DFLASH speculative decoding is not supported by CpuSRTPlatform" in r["error"]
 
@@ -182,19 +184,24 @@ def _bad_draft(models, tmp, name, **changes):
     return path
 
 
-@pytest.mark.parametrize("name,changes,message", [
+BAD_DRAFTS = [
     ("vocab", {"vocab_size": 1024}, "vocab_size: draft has 1024, expected the target's vocab_size 512"),
     ("hidden", {"hidden_size": 128}, "hidden_size: draft has 128, expected the target's hidden_size 64"),
-    ("mask", {"dflash_config": {"mask_token_id": 4096}}, "mask_token_id: got 4096, expected an id inside the target vocabulary [0, 511]"),
+    ("mask", {"dflash_config": {"mask_token_id": 4096}},
+     "mask_token_id: got 4096, expected an id inside the target vocabulary [0, 511]"),
     ("last_layer", {"dflash_config": {"target_layer_ids": [1, 3]}}, "expected ids below the target's last layer 3"),
-    ("projector", {"dflash_config": {"projector_type": "medusa"}}, "projector_type"),
-])
-def test_resolution_refuses_a_draft_that_does_not_fit_the_target(sglang_tmp, models, name, changes, message):
-    r = resolve(sglang_tmp, models, _bad_draft(models, sglang_tmp, name, **changes),
-                "--speculative-dflash-block-size", "16")
-    assert not r["ok"]
-    assert r["error"].startswith("DraftConfigError") or "invalid draft config" in r["error"], r
-    assert message in r["error"], r
+    ("projector", {"dflash_config": {"projector_type": "medusa"}}, "dflash_config.projector_type: got 'medusa'"),
+]
+
+
+def test_resolution_refuses_a_draft_that_does_not_fit_the_target(sglang_tmp, models):
+    results = resolve(sglang_tmp, models, [
+        (_bad_draft(models, sglang_tmp, name, **changes), ["--speculative-dflash-block-size", "16"])
+        for name, changes, _ in BAD_DRAFTS])
+    for (name, _, message), r in zip(BAD_DRAFTS, results):
+        assert not r["ok"], name
+        assert r["error"].startswith("DraftConfigError"), (name, r)
+        assert message in r["error"], (name, r)
 
 
 UPSTREAM = f"""

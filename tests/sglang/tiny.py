@@ -78,6 +78,33 @@ def build_draft(path: str, target, kind: str, block_size: int, seed: int = 1, **
     return draft
 
 
+def build_legacy_domino(path: str, domino_path: str) -> None:
+    """The same Domino draft as `domino_path`, exported the way older SpecForge versions
+    did: architecture `DominoDraftModel`, `projector_type: causal_v5`, head weights under
+    `logit_head.`, backbone weights under `model.`."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(domino_path, path)
+    with open(os.path.join(path, "config.json")) as fh:
+        cfg = json.load(fh)
+    cfg["architectures"] = ["DominoDraftModel"]
+    cfg["dflash_config"]["projector_type"] = "causal_v5"
+    with open(os.path.join(path, "config.json"), "w") as fh:
+        json.dump(cfg, fh, indent=2)
+    tensors = load_file(os.path.join(path, "model.safetensors"))
+    renamed = {}
+    for key, value in tensors.items():
+        if key.startswith(("prefix_gru.", "embed_proj.")):
+            key = "logit_head." + key
+        elif key.startswith("layers."):
+            key = "model." + key
+        renamed[key] = value
+    save_file(renamed, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+
+
 if __name__ == "__main__":  # python tests/sglang/tiny.py OUT_DIR
     import sys
 

@@ -1,0 +1,195 @@
+"""End to end on CPU: `sglang serve --device cpu --speculative-algorithm DFLASH` with
+DFlash and Domino drafts, verify width = block (16) and 8, against the same server
+without speculation and against the Transformers backend."""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.request
+
+import pytest
+import torch
+
+import tiny
+from conftest import BASE_ARGS, BLOCK, SPEC_CONFIGS, spec_args
+
+pytestmark = pytest.mark.sglang_e2e
+
+PROMPTS = [
+    "the quick brown fox",
+    "hello world",
+    "people write programs that print hello world then count from one to ten",
+    "a",
+]
+CHAT = [{"role": "user", "content": "sing about rivers and mountains"}]
+MAX_TOKENS = 32
+CONFIGS = list(SPEC_CONFIGS)
+
+
+def _completion(server, prompt):
+    status, body = server.post("/v1/completions", {"model": "default", "prompt": prompt, "max_tokens": MAX_TOKENS,
+                                                    "temperature": 0})
+    assert status == 200, body
+    return body["choices"][0]["text"], body["usage"]["completion_tokens"]
+
+
+def _chat(server, messages):
+    status, body = server.post("/v1/chat/completions", {"model": "default", "messages": messages,
+                                                         "max_tokens": MAX_TOKENS, "temperature": 0})
+    assert status == 200, body
+    return body["choices"][0]["message"]["content"]
+
+
+def _generate_ids(server, input_ids, n=MAX_TOKENS):
+    status, body = server.post("/generate", {"input_ids": input_ids,
+                                             "sampling_params": {"max_new_tokens": n, "temperature": 0,
+                                                                 "ignore_eos": True}})
+    assert status == 200, body
+    return body
+
+
+STREAM_PROMPTS = [PROMPTS[i % len(PROMPTS)] + " " * (i // len(PROMPTS)) for i in range(8)]
+STREAM_LENGTHS = [8 + 5 * i for i in range(8)]
+
+
+@pytest.fixture(scope="session")
+def expected(models, start):
+    """Everything the plain (non-speculative) server answers, computed once; the server
+    is stopped before any speculative one starts (2 cores: one server at a time)."""
+    base = start(["--model-path", models["target"], *BASE_ARGS], "base", module_entry=True)
+    try:
+        return {
+            "completions": {p: _completion(base, p) for p in PROMPTS},
+            "chat": _chat(base, CHAT),
+            "streams": [_completion_n(base, p, n) for p, n in zip(STREAM_PROMPTS, STREAM_LENGTHS)],
+        }
+    finally:
+        base.stop()
+
+
+@pytest.fixture(scope="module", params=CONFIGS)
+def spec(request, models, start, expected):
+    """One speculative server per configuration; pytest groups the tests by it."""
+    kind, width = SPEC_CONFIGS[request.param]
+    server = start(spec_args(models, kind, width), request.param)
+    server.config = request.param
+    yield server
+    server.stop()
+
+
+def test_completions_and_chat_match_plain_server(spec, expected):
+    for prompt in PROMPTS:
+        got = _completion(spec, prompt)
+        assert got == expected["completions"][prompt], (spec.config, prompt)
+        assert got[1] == MAX_TOKENS
+    assert _chat(spec, CHAT) == expected["chat"]
+
+
+def test_generate_reports_speculation(spec):
+    config = spec.config
+    body = _generate_ids(spec, [5, 77, 300, 41, 9])
+    meta = body["meta_info"]
+    assert meta["spec_verify_ct"] > 0
+    assert meta["completion_tokens"] == MAX_TOKENS
+    width = SPEC_CONFIGS[config][1] or BLOCK
+    # every verify step commits between 1 and `width` tokens (prefill gives the first)
+    assert meta["spec_verify_ct"] * 1 <= MAX_TOKENS - 1 <= meta["spec_verify_ct"] * width
+
+
+def _hf_stats(models, kind, input_ids, width):
+    from sglang_domino.hf import DFlashDraftModel
+
+    draft = DFlashDraftModel.from_pretrained(models[kind])
+    target = models["hf_target"]
+    out, stats = draft.spec_generate(torch.tensor([input_ids]), target, max_new_tokens=MAX_TOKENS,
+                                     return_stats=True, num_verify_tokens=width)
+    return out[0, len(input_ids):].tolist(), stats
+
+
+HF_PROMPTS = [[5, 77, 300, 41, 9], [100, 200], [7] * 6, [300, 301, 300]]
+
+
+def test_accept_lengths_match_transformers_backend(spec, models):
+    """Same tokens and the same number of verify steps as the Transformers backend run
+    with SGLang's window (15 proposals for block 16, or width - 1)."""
+    config = spec.config
+    kind, width = SPEC_CONFIGS[config]
+    width = width or BLOCK
+    total_steps = 0
+    for ids in HF_PROMPTS:
+        hf_tokens, stats = _hf_stats(models, kind, ids, width)
+        body = _generate_ids(spec, ids)
+        assert body["output_ids"] == hf_tokens, (config, ids)
+        meta = body["meta_info"]
+        assert meta["spec_verify_ct"] == stats.num_verify_steps, (config, ids, stats.accept_lengths)
+        assert max(stats.accept_lengths) <= width
+        total_steps += stats.num_verify_steps
+    # the fixture is built so drafts are right about half the time: steps commit > 1 token
+    assert total_steps < len(HF_PROMPTS) * (MAX_TOKENS - 1)
+
+
+def _free_tokens(server):
+    status, _ = server.post("/flush_cache", {})
+    assert status == 200
+    loads = server.get("/v1/loads")["loads"][0]
+    return loads["max_total_num_tokens"] - loads["num_used_tokens"], loads["num_used_tokens"]
+
+
+def _stream(server, prompt, n, results, i):
+    payload = {"model": "default", "prompt": prompt, "max_tokens": n, "temperature": 0, "stream": True}
+    req = urllib.request.Request(server.url + "/v1/completions", data=json.dumps(payload).encode(),
+                                 headers={"content-type": "application/json"})
+    text, chunks = "", 0
+    with urllib.request.urlopen(req, timeout=600) as r:
+        for raw in r:
+            line = raw.decode().strip()
+            if not line.startswith("data:") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[5:])
+            if chunk.get("choices"):
+                text += chunk["choices"][0].get("text") or ""
+                chunks += 1
+    results[i] = (text, chunks)
+
+
+def test_concurrent_streams_complete_and_free_their_kv(spec, expected):
+    prompts, lengths, want = STREAM_PROMPTS, STREAM_LENGTHS, expected["streams"]
+    free_before, used_before = _free_tokens(spec)
+    results = [None] * 8
+    threads = [threading.Thread(target=_stream, args=(spec, p, n, results, i))
+               for i, (p, n) in enumerate(zip(prompts, lengths))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=900)
+    assert all(r is not None for r in results)
+    assert [r[0] for r in results] == want
+    assert all(r[1] >= 1 for r in results)
+    free_after, used_after = _free_tokens(spec)
+    assert used_after == used_before == 0
+    assert free_after == free_before
+
+
+def _completion_n(server, prompt, n):
+    status, body = server.post("/v1/completions", {"model": "default", "prompt": prompt, "max_tokens": n,
+                                                    "temperature": 0})
+    assert status == 200, body
+    return body["choices"][0]["text"]
+
+
+def test_malformed_requests_do_not_kill_the_server(spec):
+    bad = [
+        b"{not json",
+        {"model": "default", "prompt": "hi", "max_tokens": -3},
+        {"model": "default", "prompt": [10 ** 9], "max_tokens": 4},
+        {"model": "default", "max_tokens": 4},
+    ]
+    for payload in bad:
+        status, body = spec.post("/v1/completions", payload)
+        assert 400 <= status < 500, (payload, status, body)
+    status, body = spec.post("/generate", {"input_ids": [tiny.TARGET_VOCAB + 5], "sampling_params": {"max_new_tokens": 4}})
+    assert 400 <= status < 500, body
+    assert spec.proc.poll() is None
+    text, n = _completion(spec, PROMPTS[0])
+    assert n == MAX_TOKENS
