@@ -41,11 +41,12 @@ def main(argv=None) -> None:
     parser.add_argument("--prompt", action="append", default=None, help="prompt text (repeatable)")
     parser.add_argument("--tokens", type=int, default=64, help="max new tokens")
     parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (2 are faster only on idle cores)")
     args = parser.parse_args(argv)
     if bool(args.target) != bool(args.draft):
         parser.error("--target and --draft go together")
     args.prompt = args.prompt or ["def fibonacci(n):\n", "import os\n\n\ndef read_lines(path):\n"]
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     target, drafts, prompts, decode = _load(args)
     with torch.inference_mode():
         for ids in prompts:
