@@ -45,7 +45,7 @@ class TrainConfig(BaseModel):
     batch_size: int = Field(4, ge=1)
     num_anchors: Optional[int] = Field(None, description="blocks per sequence (default 512 DFlash, 256 Domino)")
     epochs: int = Field(1, ge=1)
-    max_steps: Optional[int] = Field(None, ge=1, description="caps epochs")
+    max_steps: Optional[int] = Field(None, ge=1, description="total steps (overrides epochs)")
     learning_rate: float = 6e-4
     warmup_ratio: float = Field(0.04, ge=0, le=1)
     weight_decay: float = 0.0

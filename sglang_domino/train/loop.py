@@ -152,8 +152,6 @@ def train(cfg: TrainConfig) -> dict:
     pad_id = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
     schedule = BatchSchedule(examples, cfg.batch_size, cfg.seed, pad_id if pad_id is not None else 0)
     total = cfg.max_steps or cfg.epochs * schedule.steps_per_epoch
-    if cfg.max_steps:
-        total = min(total, cfg.max_steps)
     warmup = int(cfg.warmup_ratio * total)
 
     resume_from = latest_checkpoint(output_dir) if cfg.resume == "auto" else (Path(cfg.resume) if cfg.resume else None)

@@ -29,10 +29,12 @@ def regenerate(target, prompts: list[list[int]], max_new_tokens: int, batch_size
         for row, i in enumerate(idx):
             ids[row, width - len(prompts[i]):] = torch.tensor(prompts[i])
             mask[row, width - len(prompts[i]):] = 1
-        out = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
+        device = next(target.parameters()).device
+        out = target.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
+                              max_new_tokens=max_new_tokens, do_sample=False,
                               pad_token_id=pad_token_id, eos_token_id=sorted(stops) or None)
         for row, i in enumerate(idx):
-            resp = out[row, width:].tolist()
+            resp = out[row, width:].cpu().tolist()
             for j, tok in enumerate(resp):
                 if tok in stops:
                     resp = resp[:j + 1]

@@ -1,0 +1,40 @@
+"""Loading a built test bed: target, tokenizer and both drafts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from .build import is_complete, read_manifest
+from .spec import PRESETS, build_dir
+
+
+@dataclass
+class Testbed:
+    path: Path
+    target: object
+    tokenizer: object
+    dflash: object
+    domino: object
+    manifest: dict
+
+
+def find(preset: str = "full", root: Optional[Path] = None) -> Optional[Path]:
+    """The cached build of `preset` if it is complete and matches the current spec."""
+    out = build_dir(preset, root)
+    return out if is_complete(out, PRESETS.get(preset)) else None
+
+
+def load(path: Path) -> Testbed:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from sglang_domino.hf import DFlashDraftModel
+
+    path = Path(path)
+    target = AutoModelForCausalLM.from_pretrained(path / "target", dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path / "target")
+    return Testbed(path, target, tokenizer, DFlashDraftModel.from_pretrained(path / "dflash", dtype=torch.float32),
+                   DFlashDraftModel.from_pretrained(path / "domino", dtype=torch.float32), read_manifest(path))
