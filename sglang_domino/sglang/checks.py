@@ -11,7 +11,7 @@ import json
 import os
 from typing import Any, Optional
 
-from ..config import DraftConfig, DraftConfigError
+from ..config import ARCHITECTURES, DraftConfig, DraftConfigError
 
 
 def _config_file(path: str, revision: Optional[str] = None) -> Optional[str]:
@@ -31,9 +31,14 @@ def _config_file(path: str, revision: Optional[str] = None) -> Optional[str]:
 
 def read_draft_config(path: str, revision: Optional[str] = None) -> Optional[DraftConfig]:
     """The draft's `DraftConfig`, or None when its config.json is not available locally
-    (SGLang's own loader then reports what is wrong)."""
+    or it is another member of SGLang's DFLASH family (DFlash2, Laguna, MuseGlimmer, ...:
+    architectures this project does not own, left to SGLang's own checks)."""
     file = _config_file(path, revision)
     if file is None:
+        return None
+    with open(file, encoding="utf-8") as fh:
+        architectures = json.load(fh).get("architectures") or []
+    if not any(a in ARCHITECTURES for a in architectures):
         return None
     return DraftConfig.from_pretrained(file)
 

@@ -288,3 +288,25 @@ def test_verify_width_caps_acceptance_and_keeps_the_target_tokens(sglang_tmp):
     assert capped["acc"] == [3, 2, 3] and capped["commit"] == [4, 3, 4]
     assert capped["tokens"] == [[1, 2, 3, 4], [1, 2, 3], [1, 2, 3, 4]]
     assert capped["bonus"] == [4, 3, 4]
+
+
+def test_sglang_serve_exits_with_the_draft_error_before_serving(sglang_tmp, models):
+    """The real CLI: a draft whose vocabulary does not match the target stops
+    `sglang serve` during argument resolution, with the parser's message."""
+    from conftest import free_port
+
+    draft = _bad_draft(models, sglang_tmp, "vocab", vocab_size=1024)
+    cmd = [os.path.join(os.path.dirname(sys.executable), "sglang"), "serve", "--model-path", models["target"],
+           "--device", "cpu", "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", draft,
+           "--speculative-dflash-block-size", "16", "--max-total-tokens", "1024",
+           "--host", "127.0.0.1", "--port", str(free_port())]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=server_env(sglang_tmp))
+    try:
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0
+    assert "vocab_size: draft has 1024, expected the target's vocab_size 512" in out

@@ -1,0 +1,142 @@
+"""The vocabulary-parallel Domino rollout the plugin serves with `--tp-size > 1`
+(0.5.23's `domino_greedy_rollout`, `srt/speculative/domino_utils.py:311`) against the
+single-rank rollout, with a fake two-rank group (two threads exchanging shards):
+`--tp-size 2` cannot run on this CPU-only machine.
+
+`domino_utils.py` imports only torch, so it is loaded from the installed wheel by path,
+without importing the `sglang` package into the test process."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+
+def _load_domino_utils():
+    spec = importlib.util.find_spec("sglang")
+    path = os.path.join(spec.submodule_search_locations[0], "srt", "speculative", "domino_utils.py")
+    mod_spec = importlib.util.spec_from_file_location("_sglang_domino_utils_0523", path)
+    module = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(module)
+    return module
+
+
+du = _load_domino_utils()
+
+
+class _Exchange:
+    def __init__(self, world: int):
+        self.world = world
+        self.barrier = threading.Barrier(world, timeout=60)
+        self.slots = [None] * world
+
+    def gather(self, rank: int, tensor: torch.Tensor) -> list[torch.Tensor]:
+        self.slots[rank] = tensor.clone()
+        self.barrier.wait()
+        parts = list(self.slots)
+        self.barrier.wait()
+        return parts
+
+
+class FakeGroup:
+    """The three collectives `domino_greedy_rollout` uses, over in-process shards."""
+
+    def __init__(self, exchange: _Exchange, rank: int):
+        self.exchange, self.rank, self.world_size = exchange, rank, exchange.world
+        self.calls = []
+
+    def all_gather_into_tensor(self, out: torch.Tensor, inp: torch.Tensor) -> None:
+        self.calls.append("all_gather")
+        out.copy_(torch.cat(self.exchange.gather(self.rank, inp), dim=0).view_as(out))
+
+    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        self.calls.append("all_reduce")
+        return torch.stack(self.exchange.gather(self.rank, tensor)).sum(0)
+
+
+V, H, G, E = 97, 16, 8, 6  # odd vocab: the last shard is padded
+
+
+def _modules(seed=0):
+    torch.manual_seed(seed)
+    lm_head = torch.randn(V, H, dtype=torch.float64)
+    embed = nn.Embedding(V, H).double()
+    gru = nn.GRU(H, G, bias=False, batch_first=True).double()
+    proj = nn.Sequential(nn.Linear(H + G, E, bias=False), nn.SiLU(), nn.Linear(E, V, bias=False)).double()
+    with torch.no_grad():
+        proj[2].weight.mul_(4.0)  # corrections large enough to change the chain
+    return lm_head, embed, gru, proj
+
+
+def _rollout(z, bonus, lm_head, embed, gru, proj, pool, in_graph, **tp):
+    return du.domino_greedy_rollout(draft_hidden=z, bonus_tokens=bonus, target_embedding=embed,
+                                    lm_head_weight=lm_head, prefix_gru=gru, embed_proj=proj, vocab_size=V,
+                                    shift_label=True, candidate_pool_size=pool, in_cuda_graph=in_graph, **tp)
+
+
+def _two_rank(z, bonus, lm_head, embed, gru, proj, pool, in_graph):
+    world = 2
+    padded = -(-V // world)
+    exchange = _Exchange(world)
+    outs, groups, errors = [None] * world, [], []
+
+    def run(rank):
+        try:
+            start = rank * padded
+            num = min(padded, V - start)
+            shard = torch.zeros(padded, H, dtype=lm_head.dtype)
+            shard[:num] = lm_head[start:start + num]
+            group = FakeGroup(exchange, rank)
+            groups.append(group)
+            outs[rank] = _rollout(z, bonus, shard, embed, gru, proj, pool, in_graph, tp_group=group,
+                                  lm_head_org_vocab_start=start, lm_head_num_org=num,
+                                  lm_head_num_org_padded=padded)
+        except Exception as err:  # surfaced below
+            errors.append(err)
+            exchange.barrier.abort()
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    if errors:
+        raise errors[0]
+    return outs, groups
+
+
+@pytest.mark.parametrize("pool,in_graph,path", [
+    (0, False, "all_gather"),      # exact full-vocab rollout: one gather of the base logits
+    (24, True, "all_reduce"),      # compact block-shared candidate pool (graph path, bs > 1)
+])
+def test_two_rank_rollout_matches_single_rank(pool, in_graph, path):
+    lm_head, embed, gru, proj = _modules()
+    g = torch.Generator().manual_seed(1)
+    bs, block = 3, 8
+    z = torch.randn(bs, block, H, generator=g, dtype=torch.float64)
+    bonus = torch.randint(0, V, (bs,), generator=g)
+    want = _rollout(z, bonus, lm_head, embed, gru, proj, pool, in_graph)
+    assert want.shape == (bs, block - 1)
+    outs, groups = _two_rank(z, bonus, lm_head, embed, gru, proj, pool, in_graph)
+    for out in outs:
+        assert torch.equal(out, want)
+    assert all(path in group.calls for group in groups)
+    # the chain uses ids from both shards, so a rank-local argmax would have been caught
+    assert (want < -(-V // 2)).any() and (want >= -(-V // 2)).any()
+
+
+def test_exact_rollout_differs_from_base_argmax():
+    """Guard against a vacuous comparison: the correction head changes the chain."""
+    lm_head, embed, gru, proj = _modules()
+    g = torch.Generator().manual_seed(1)
+    z = torch.randn(3, 8, H, generator=g, dtype=torch.float64)
+    bonus = torch.randint(0, V, (3,), generator=g)
+    chain = _rollout(z, bonus, lm_head, embed, gru, proj, 0, False)
+    base = (z[:, :7] @ lm_head.T).argmax(-1)
+    assert torch.equal(chain[:, 0], base[:, 0])  # first proposal: base logits only
+    assert not torch.equal(chain[:, 1:], base[:, 1:])
