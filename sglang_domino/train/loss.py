@@ -57,7 +57,9 @@ def weighted_ce(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tenso
 
 def accept_length(correct: torch.Tensor, targets: BlockTargets, keep: torch.Tensor) -> torch.Tensor:
     """Mean tokens per step (bonus included) if every kept block were one greedy step: the
-    run of correct predictions from the first slot, plus one."""
+    run of correct predictions from the first slot, plus one. Anchors are uniform over
+    positions, while decoding spends more steps where the draft fails, so this reads
+    higher than the acceptance `spec_generate` measures (test bed: 6.1 vs 2.4 for DFlash)."""
     chain = (correct & targets.valid)[:, :, targets.first_slot:].long().cumprod(-1).sum(-1) + 1
     return chain[keep].float().mean() if keep.any() else chain.new_tensor(1.0, dtype=torch.float)
 
