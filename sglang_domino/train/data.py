@@ -40,7 +40,8 @@ def _chat_example(tokenizer, messages: list[dict]) -> Example:
     mask: list[int] = []
     for i, m in enumerate(messages):
         rendered = tokenizer.apply_chat_template(messages[:i + 1], tokenize=True, add_generation_prompt=False)
-        rendered = list(rendered["input_ids"] if isinstance(rendered, dict) else rendered)
+        # Transformers 5 returns a BatchEncoding (a Mapping, not a dict) here.
+        rendered = list(rendered["input_ids"] if hasattr(rendered, "keys") else rendered)
         new = rendered[len(ids):]
         ids = rendered
         mask += [int(m["role"] == "assistant")] * len(new)
