@@ -4,12 +4,5 @@
 # cores). Cached under $DOMINO_TESTBED_DIR (default ~/.cache/sglang-domino/testbed)/<preset>;
 # an interrupted build resumes at the first missing stage. Arguments go to
 # `python -m benchmarks.testbed.build` (--preset full|tiny, --dir, --until, --threads).
-set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-if [ -z "${PYTHON:-}" ]; then
-    source "$ROOT/scripts/env.sh"
-    PYTHON=python
-fi
-cd "$ROOT"
 # Niced: the build is long and the machine is usually shared.
-exec nice -n 10 "$PYTHON" -m benchmarks.testbed.build "$@"
+exec nice -n 10 "$(dirname "${BASH_SOURCE[0]}")/run_python.sh" benchmarks.testbed.build "$@"

@@ -9,4 +9,4 @@ if [ -z "${PYTHON:-}" ]; then
 fi
 cd "$ROOT"
 export PYTHON
-exec "$PYTHON" -m "$1"
+exec "$PYTHON" -m "$@"
