@@ -2,16 +2,28 @@
 
     python -m sglang_domino.demo [--target DIR --draft DIR [--draft DIR ...]] [--tokens N]
 
-Without paths it builds the tiny random models the tests use: output is then the
-target's own (lossless) but acceptance is ~1, since random drafts predict nothing.
+Without paths it runs the CPU test bed (benchmarks/build_testbed.sh) when its cache
+holds a build, else the tiny random models the tests use: output is then the target's
+own (lossless) but acceptance is ~1, since random drafts predict nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import torch
+
+
+def _testbed():
+    """(target, [dflash, domino]) of a complete test bed build, or None."""
+    try:
+        from benchmarks.testbed.load import find
+    except ImportError:  # installed without the repository's benchmarks/
+        return None
+    path = find("full")
+    return (str(path / "target"), [str(path / "dflash"), str(path / "domino")]) if path else None
 
 
 def _load(args):
@@ -20,6 +32,13 @@ def _load(args):
     from .hf import DFlashDraftModel
     from .testing import tiny_draft, tiny_target
 
+    if not args.target and _testbed():
+        args.target, args.draft = _testbed()
+        print(f"using the CPU test bed: {os.path.dirname(args.target)}")
+        if not args.user_prompts:
+            from benchmarks.tasks import load_prompts
+
+            args.prompt = load_prompts("heldout", len(args.prompt))   # text like the target's training data
     if args.target:
         target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).eval()
         tokenizer = AutoTokenizer.from_pretrained(args.target)
@@ -45,7 +64,11 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if bool(args.target) != bool(args.draft):
         parser.error("--target and --draft go together")
-    args.prompt = args.prompt or ["def fibonacci(n):\n", "import os\n\n\ndef read_lines(path):\n"]
+    args.user_prompts = bool(args.prompt)
+    args.prompt = args.prompt or [
+        "import os\nimport sys\n\n\ndef main(argv=None):\n    \"\"\"Parse the command line and run.\"\"\"\n    if argv is None:\n",
+        "class Queue:\n    \"\"\"A first-in first-out queue.\"\"\"\n\n    def __init__(self, maxsize=0):\n        self.maxsize = maxsize\n",
+    ]
     torch.set_num_threads(args.threads)
     target, drafts, prompts, decode = _load(args)
     with torch.inference_mode():
