@@ -23,6 +23,11 @@ DISABLE_ENV = "SGLANG_DOMINO_DISABLE"
 # Verify width below the draft block (b8), carried from argument resolution in the
 # main process to the spawned schedulers (ServerArgs keeps only its own fields).
 VERIFY_WIDTH_ENV = "SGLANG_DOMINO_VERIFY_WIDTH"
+# Opt-in: verify window of the Transformers backend for `shift_label` Domino drafts
+# (draft block B, B proposals, B + 1 verified). Set by the user (`=1`); the resolved
+# draft block travels to the schedulers in DRAFT_BLOCK_ENV.
+HF_WINDOW_ENV = "SGLANG_DOMINO_HF_WINDOW"
+DRAFT_BLOCK_ENV = "SGLANG_DOMINO_DRAFT_BLOCK"
 
 
 def plugin_disabled() -> bool:

@@ -32,7 +32,7 @@ import argparse
 import logging
 import os
 
-from . import VERIFY_WIDTH_ENV, plugin_disabled
+from . import DRAFT_BLOCK_ENV, HF_WINDOW_ENV, VERIFY_WIDTH_ENV, plugin_disabled
 
 logger = logging.getLogger(__name__)
 
@@ -149,7 +149,16 @@ def _resolve_speculative(server_args, previous):
     block = cfg.speculative_dflash_block_size
     ndt = cfg.speculative_num_draft_tokens
     width = None
-    if block is not None and ndt is not None and int(ndt) != int(block):
+    hf_window = os.environ.get(HF_WINDOW_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    os.environ.pop(DRAFT_BLOCK_ENV, None)
+    if hf_window:
+        # Transformers-backend window for shift_label Domino drafts: B proposals from the
+        # B-slot draft block, B + 1 verified. The scheduler accounts in verify windows.
+        draft_block = _hf_window_draft_block(cfg, block, ndt)
+        declare_resolution(server_args, SOURCE, speculative_dflash_block_size=draft_block + 1,
+                           speculative_num_draft_tokens=draft_block + 1)
+        os.environ[DRAFT_BLOCK_ENV] = str(draft_block)
+    elif block is not None and ndt is not None and int(ndt) != int(block):
         check_verify_width(int(block), int(ndt))
         width = int(ndt)
         declare_resolution(server_args, SOURCE, speculative_num_draft_tokens=int(block))
@@ -173,6 +182,22 @@ def _resolve_speculative(server_args, previous):
     else:
         os.environ[VERIFY_WIDTH_ENV] = str(width)
     _check_draft(cfg)
+
+
+def _hf_window_draft_block(cfg, block, ndt) -> int:
+    from .checks import read_draft_config
+
+    draft = read_draft_config(cfg.speculative_draft_model_path, cfg.speculative_draft_model_revision)
+    if draft is None or not draft.is_domino or not draft.shift_label:
+        raise ValueError(
+            f"{HF_WINDOW_ENV}=1 needs a Domino draft with dflash_config.shift_label=true "
+            "(B proposals from a B-slot block, B + 1 verified)")
+    draft_block = int(block) if block is not None else int(draft.block_size)
+    if ndt is not None and int(ndt) not in (draft_block, draft_block + 1):
+        raise ValueError(
+            f"{HF_WINDOW_ENV}=1 verifies draft block + 1 = {draft_block + 1} tokens; "
+            f"--speculative-num-draft-tokens {ndt} contradicts it")
+    return draft_block
 
 
 def _check_draft(cfg) -> None:

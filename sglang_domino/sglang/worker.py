@@ -24,7 +24,7 @@ import torch
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2, _commit_accept
 
 from ..config import DOMINO_PROJECTORS
-from . import VERIFY_WIDTH_ENV
+from . import DRAFT_BLOCK_ENV, HF_WINDOW_ENV, VERIFY_WIDTH_ENV
 from . import cpu_runtime
 from .checks import check_draft_against_target, check_verify_width, read_draft_config, read_target_config
 
@@ -125,9 +125,74 @@ class DominoDFlashWorker(DFlashWorkerV2):
             cpu_runtime.keep_input_embeds_dtype(self.draft_model_runner)
 
         self.verify_width = self._resolve_verify_width()
+        self.draft_block = self._resolve_draft_block()
         logger.info(
             "sglang-domino DFLASH worker: device=%s, draft block=%s, verify width=%s, domino=%s",
-            self.device, self.block_size, self.verify_width, self._is_domino)
+            self.device, self.draft_block, self.verify_width, self._is_domino)
+
+    def _resolve_draft_block(self) -> int:
+        """With SGLANG_DOMINO_HF_WINDOW the worker's block (= verify window, what the
+        scheduler accounts in) is draft block + 1: the draft runs its B-slot block, the
+        Domino rollout proposes B tokens (slots 0..B-1, `shift_label`), B + 1 are verified,
+        as in the Transformers backend. Upstream proposes B - 1 (algorithm.md 4.5)."""
+        raw = os.environ.get(DRAFT_BLOCK_ENV)
+        if not raw or int(raw) == int(self.block_size):
+            return int(self.block_size)
+        draft_block = int(raw)
+        if not (self._is_domino and bool(self.draft_model.shift_label)
+                and int(self.block_size) == draft_block + 1):
+            raise ValueError(
+                f"{HF_WINDOW_ENV}=1 needs a shift_label Domino draft and a verify window of draft block + 1; "
+                f"got draft block {draft_block}, window {self.block_size}, domino={self._is_domino}")
+        self.draft_model.set_block_size(draft_block)
+        self._run_draft_on_fewer_slots(draft_block)
+        return draft_block
+
+    def _run_draft_on_fewer_slots(self, draft_block: int) -> None:
+        """Upstream builds the draft block as wide as the verify window
+        (`dflash_worker_v2.py:2518-2560`, forward `:2688`); run the draft model on the first
+        `draft_block` slots of every request and hand back hidden states padded to the
+        window (the padded slot is never read: with `shift_label` the rollout reads slots
+        0..window-2, `domino_utils.py:311`)."""
+        import copy
+
+        runner = self.draft_model_runner
+        original = runner.forward
+        window = int(self.block_size)
+
+        def forward(forward_batch, *args, **kwargs):
+            bs = int(forward_batch.batch_size)
+            if (not forward_batch.forward_mode.is_target_verify() or forward_batch.input_embeds is None
+                    or forward_batch.input_ids.numel() != bs * window):
+                return original(forward_batch, *args, **kwargs)
+
+            def keep(t):
+                return t.view(bs, window, *t.shape[1:])[:, :draft_block].reshape(bs * draft_block, *t.shape[1:])
+
+            fb = copy.copy(forward_batch)
+            fb.input_ids = keep(forward_batch.input_ids)
+            fb.positions = keep(forward_batch.positions)
+            fb.out_cache_loc = keep(forward_batch.out_cache_loc)
+            fb.input_embeds = keep(forward_batch.input_embeds)
+            if getattr(fb, "num_token_non_padded", None) is not None:
+                fb.num_token_non_padded = torch.full_like(fb.num_token_non_padded, bs * draft_block)
+            fb.global_num_token_non_padded_cpu = bs * draft_block
+            out = original(fb, *args, **kwargs)
+            hidden = out.logits_output.hidden_states
+            padded = hidden.new_zeros(bs, window, hidden.shape[-1])
+            padded[:, :draft_block] = hidden.view(bs, draft_block, -1)
+            out.logits_output.hidden_states = padded.view(bs * window, -1)
+            return out
+
+        runner.forward = forward
+
+    def _maybe_build_draft_sampler(self):
+        # The in-graph Domino sampler (`dflash_worker_v2.py:884`, `:953`) reads the draft
+        # graph's output directly; the wider verify window runs the eager rollout.
+        if int(getattr(self, "draft_block", self.block_size)) != int(self.block_size) or \
+                os.environ.get(DRAFT_BLOCK_ENV):
+            return None
+        return super()._maybe_build_draft_sampler()
 
     def _resolve_verify_width(self) -> int:
         raw = os.environ.get(VERIFY_WIDTH_ENV)

@@ -200,11 +200,14 @@ BASE_ARGS = ["--device", "cpu", "--dtype", "float32", "--max-total-tokens", "307
 
 # name -> (draft, verify width or None for width = block). The width-8 Domino server
 # loads the legacy export of the same draft (DominoDraftModel / causal_v5 / logit_head.*).
+# "domino_hf17": SGLANG_DOMINO_HF_WINDOW=1, the Transformers backend's window for shift_label
+# drafts (16 proposals from the 16-slot block, 17 verified).
 SPEC_CONFIGS = {
     "dflash": ("dflash", None),
     "domino": ("domino", None),
     "dflash_w8": ("dflash", 8),
     "domino_legacy_w8": ("domino_legacy", 8),
+    "domino_hf17": ("domino", "hf"),
 }
 
 
@@ -214,9 +217,18 @@ def spec_args(models, kind: str, width: Optional[int]) -> list[str]:
         "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", models[kind],
         "--speculative-dflash-block-size", str(BLOCK),
     ]
-    if width is not None:
+    if isinstance(width, int):
         args += ["--speculative-num-draft-tokens", str(width)]
     return args
+
+
+def spec_env(tmp: str, width) -> dict[str, str]:
+    return server_env(tmp, **({"SGLANG_DOMINO_HF_WINDOW": "1"} if width == "hf" else {}))
+
+
+def verify_window(width) -> int:
+    """Tokens one verify step can commit for a SPEC_CONFIGS width."""
+    return BLOCK + 1 if width == "hf" else (width or BLOCK)
 
 
 @pytest.fixture(scope="session")
@@ -230,6 +242,7 @@ def start(sglang_tmp):
         started.append(server)
         return server
 
+    _start.tmp = sglang_tmp
     try:
         yield _start
     finally:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import tiny
-from conftest import BASE_ARGS, BLOCK, SPEC_CONFIGS, spec_args
+from conftest import BASE_ARGS, BLOCK, SPEC_CONFIGS, spec_args, spec_env, verify_window
 
 pytestmark = pytest.mark.sglang_e2e
 
@@ -72,7 +72,7 @@ def expected(models, start):
 def spec(request, models, start, expected):
     """One speculative server per configuration; pytest groups the tests by it."""
     kind, width = SPEC_CONFIGS[request.param]
-    server = start(spec_args(models, kind, width), request.param)
+    server = start(spec_args(models, kind, width), request.param, env=spec_env(start.tmp, width))
     server.config = request.param
     yield server
     server.stop()
@@ -92,9 +92,12 @@ def test_generate_reports_speculation(spec):
     meta = body["meta_info"]
     assert meta["spec_verify_ct"] > 0
     assert meta["completion_tokens"] == MAX_TOKENS
-    width = SPEC_CONFIGS[config][1] or BLOCK
+    width = verify_window(SPEC_CONFIGS[config][1])
     # every verify step commits between 1 and `width` tokens (prefill gives the first)
     assert meta["spec_verify_ct"] * 1 <= MAX_TOKENS - 1 <= meta["spec_verify_ct"] * width
+    # proposals per verify step: 15 from the 16-slot block, 16 with the HF window
+    per_step = BLOCK if SPEC_CONFIGS[config][1] == "hf" else BLOCK - 1
+    assert meta["spec_num_proposed_drafts"] == meta["spec_verify_ct"] * per_step
 
 
 def _hf_stats(models, kind, input_ids, width):
@@ -102,8 +105,9 @@ def _hf_stats(models, kind, input_ids, width):
 
     draft = DFlashDraftModel.from_pretrained(models[kind])
     target = models["hf_target"]
+    # width BLOCK + 1 is the backend's own default for shift_label drafts (None)
     out, stats = draft.spec_generate(torch.tensor([input_ids]), target, max_new_tokens=MAX_TOKENS,
-                                     return_stats=True, num_verify_tokens=width)
+                                     return_stats=True, num_verify_tokens=None if width == BLOCK + 1 else width)
     return out[0, len(input_ids):].tolist(), stats
 
 
@@ -112,10 +116,11 @@ HF_PROMPTS = [[5, 77, 300, 41, 9], [100, 200], [7] * 6, [300, 301, 300]]
 
 def test_accept_lengths_match_transformers_backend(spec, models):
     """Same tokens and the same number of verify steps as the Transformers backend run
-    with SGLang's window (15 proposals for block 16, or width - 1)."""
+    with the server's window (15 proposals for block 16, width - 1, or the backend's
+    default 16 proposals / 17 verified for domino_hf17)."""
     config = spec.config
     kind, width = SPEC_CONFIGS[config]
-    width = width or BLOCK
+    width = verify_window(width)
     total_steps = 0
     for ids in HF_PROMPTS:
         hf_tokens, stats = _hf_stats(models, kind, ids, width)

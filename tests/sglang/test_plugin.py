@@ -131,7 +131,9 @@ RESOLVE = f"""
             v = resolving_view(sa)
             result.append(dict(ok=True, num_draft_tokens=v.speculative_num_draft_tokens,
                                draft_backend=v.speculative_draft_attention_backend,
-                               width=os.environ.get("SGLANG_DOMINO_VERIFY_WIDTH")))
+                               width=os.environ.get("SGLANG_DOMINO_VERIFY_WIDTH"),
+                               **({{"draft_block": os.environ["SGLANG_DOMINO_DRAFT_BLOCK"]}}
+                                  if "SGLANG_DOMINO_DRAFT_BLOCK" in os.environ else {{}})))
         except Exception as err:
             result.append(dict(ok=False, error=type(err).__name__ + ": " + str(err)))
     {emit()}
@@ -157,6 +159,16 @@ def test_resolution_on_cpu_verify_width_and_its_limits(sglang_tmp, models):
     assert not too_wide["ok"]
     assert "verify width" in too_wide["error"]
     assert "larger than --speculative-dflash-block-size 8" in too_wide["error"]
+
+
+def test_resolution_of_the_transformers_window_option(sglang_tmp, models):
+    hf17, dflash = resolve(sglang_tmp, models, [
+        (models["domino"], ["--speculative-dflash-block-size", "16"]),
+        (models["dflash"], ["--speculative-dflash-block-size", "16"]),
+    ], env={"SGLANG_DOMINO_HF_WINDOW": "1"})
+    assert hf17 == {"ok": True, "num_draft_tokens": 17, "draft_backend": "torch_native", "width": None,
+                    "draft_block": "16"}
+    assert not dflash["ok"] and "needs a Domino draft with dflash_config.shift_label=true" in dflash["error"]
 
 
 def test_disabled_plugin_gives_upstreams_cpu_refusal(sglang_tmp, models):
@@ -230,6 +242,10 @@ UPSTREAM = f"""
         qk_flag="use_table_qk_norm_rope" in inspect.getsource(mdf),
         commit=list(inspect.signature(w2._commit_accept).parameters),
         create_worker=list(inspect.signature(SpeculativeAlgorithm.create_worker).parameters),
+        parse=list(inspect.signature(__import__("sglang.srt.speculative.dflash_utils", fromlist=["x"]).parse_dflash_draft_config).parameters),
+        load_weights=list(inspect.signature(mdf.DFlashDraftModel.load_weights).parameters),
+        validate_request=list(inspect.signature(__import__("sglang.srt.managers.tokenizer_manager", fromlist=["x"]).TokenizerManager._validate_one_request).parameters),
+        domino_check="logit_head" not in inspect.getsource(mdf) and "prefix_gru" in inspect.getsource(mdf.DFlashDraftModel.load_weights),
     )
     {emit()}
 """
@@ -246,6 +262,10 @@ def test_upstream_symbols_the_plugin_depends_on_are_still_there(sglang_tmp):
     assert r["extend_kwargs"] == ["self", "forward_batch", "pp_proxy_tensors"]
     assert r["commit"] == ["candidates", "accept_len", "bonus_tokens"]
     assert r["create_worker"] == ["self", "server_args"]
+    assert r["parse"] == ["draft_hf_config"]
+    assert r["load_weights"] == ["self", "weights"]
+    assert r["validate_request"] == ["self", "obj", "input_ids"]
+    assert r["domino_check"]
 
 
 ACCEPT_CAP = f"""
