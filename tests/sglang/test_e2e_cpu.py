@@ -98,6 +98,8 @@ def test_generate_reports_speculation(spec):
     # proposals per verify step: 15 from the 16-slot block, 16 with the HF window
     per_step = BLOCK if SPEC_CONFIGS[config][1] == "hf" else BLOCK - 1
     assert meta["spec_num_proposed_drafts"] == meta["spec_verify_ct"] * per_step
+    # the scheduler process ran this project's worker (spawned process: entry-point plugin)
+    assert f"sglang-domino DFLASH worker: device=cpu, draft block={BLOCK}, verify width={width}" in spec.log()
 
 
 def _hf_stats(models, kind, input_ids, width):
