@@ -23,6 +23,7 @@ from typing import Optional
 
 from pydantic import BaseModel, Field
 
+from .machine import machine
 from .records import TARGET_ONLY, Record, read, write
 from .tasks import default_tasks, flag, load_prompts, render, resolve_models, use_chat_template
 
@@ -122,7 +123,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         load_prompts(task, count)
     os.makedirs(cfg.out_dir, exist_ok=True)
     with open(os.path.join(cfg.out_dir, "config.json"), "w", encoding="utf-8") as fh:
-        json.dump(cfg.model_dump(), fh, indent=1)
+        json.dump({**cfg.model_dump(), "machine": machine()}, fh, indent=1)
     import torch
 
     gpus = torch.cuda.device_count()

@@ -33,6 +33,7 @@ import requests
 from pydantic import BaseModel, Field
 
 from .hf_bench import method_name
+from .machine import machine
 from .records import TARGET_ONLY, Record, write
 from .tasks import default_tasks, flag, load_prompts, render, resolve_models, use_chat_template
 
@@ -190,7 +191,7 @@ def main() -> int:
         texts[task] = [render(tokenizer, p, cfg.chat_template, cfg.enable_thinking) for p in load_prompts(task, count)]
     os.makedirs(cfg.out_dir, exist_ok=True)
     with open(os.path.join(cfg.out_dir, "config.json"), "w", encoding="utf-8") as fh:
-        json.dump(cfg.model_dump(), fh, indent=1)
+        json.dump({**cfg.model_dump(), "machine": machine()}, fh, indent=1)
     records_path = os.path.join(cfg.out_dir, "records.jsonl")
     open(records_path, "w").close()
     methods = {TARGET_ONLY: None, **{method_name(d): d for d in cfg.draft_models}}

@@ -171,3 +171,12 @@ def test_compose_runs_the_model_card_command():
     assert flags["--speculative-algorithm"] == "DFLASH" and flags["--speculative-dflash-block-size"] == "16"
     assert flags["--mamba-scheduler-strategy"] == "extra_buffer" and flags["--tp-size"] == "2"
     assert cmd[-1] == "--trust-remote-code"
+
+
+def test_gpu_check_script_smoke_runs_on_cpu():
+    """The H200 check script at tiny sizes: every piece runs and agrees with its reference."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--small", "--repeats", "1"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.stdout.strip().endswith("PASS") and "[rollout] domino sampled bs=32" in proc.stdout
