@@ -8,48 +8,23 @@ from __future__ import annotations
 
 import os
 
-TARGET_VOCAB = 512
-TOKENIZER_VOCAB = 500
-MASK_ID = TARGET_VOCAB - 1
+from sglang_domino.testing import TINY_MASK_ID as MASK_ID
+from sglang_domino.testing import TINY_TOKENIZER_VOCAB as TOKENIZER_VOCAB
+from sglang_domino.testing import TINY_VOCAB as TARGET_VOCAB
+
 # The target's lm_head keeps two opposite rows (+w, -w) and zeroes the others: greedy
 # output is a context-dependent sequence over these two tokens, and a random draft
 # guesses right about half the time, so verify steps commit several tokens (random
 # drafts on a random target would accept nothing and leave the commit path idle).
 LIVE_TOKENS = (300, 301)
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-CHAT_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
-WORDS = ("the quick brown fox jumps over a lazy dog while seven small birds sing about rivers mountains "
-         "cities numbers letters and code in the morning light every day people write programs that "
-         "print hello world then count from one to ten").split()
-
-
-def _corpus(n: int = 400) -> list[str]:
-    import random
-
-    rng = random.Random(0)
-    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 14))) + rng.choice([".", "!", "?", ""])
-            for _ in range(n)]
 
 
 def build_tokenizer():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    from sglang_domino.testing import tiny_tokenizer
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=TOKENIZER_VOCAB, special_tokens=SPECIALS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(_corpus(), trainer=trainer)
-    assert tok.get_vocab_size() <= TOKENIZER_VOCAB < MASK_ID
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
-                                   model_max_length=4096)
-    fast.chat_template = CHAT_TEMPLATE
-    return fast
+    tokenizer = tiny_tokenizer()
+    assert len(tokenizer) <= TOKENIZER_VOCAB < MASK_ID
+    return tokenizer
 
 
 def build_target(path: str, seed: int = 0):
@@ -71,11 +46,9 @@ def build_target(path: str, seed: int = 0):
 
 
 def build_draft(path: str, target, kind: str, block_size: int, seed: int = 1, **kwargs):
-    from sglang_domino.testing import tiny_draft
+    from sglang_domino.testing import save_tiny_draft
 
-    draft = tiny_draft(target, kind, seed=seed, block_size=block_size, mask_token_id=MASK_ID, **kwargs)
-    draft.save_pretrained(path)
-    return draft
+    return save_tiny_draft(path, target, kind, block_size=block_size, seed=seed, **kwargs)
 
 
 def build_legacy_domino(path: str, domino_path: str) -> None:
