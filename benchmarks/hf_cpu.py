@@ -5,7 +5,8 @@ included) and the share of decode time spent outside the target's forward passes
 (drafting, rollout, acceptance, bookkeeping).
 
     python -m benchmarks.hf_cpu                       # tiny random models (plumbing only)
-    python -m benchmarks.hf_cpu --target T --draft D1 --draft D2 --prompts FILE.jsonl
+    python -m benchmarks.hf_cpu --target T --draft D1 --draft D2 [--task heldout]
+    python -m benchmarks.hf_cpu --testbed                # the CPU test bed, held-out prompts
 
 The baseline is plain greedy decoding with a KV cache (one target forward per token),
 never the speculative loop with a block of 1.
@@ -16,13 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
-import time
 
 import torch
 
 from .decode import speculative_decode, target_only_decode
+from .machine import machine
+from .tasks import load_prompts, resolve_models
 
 
 def measure(result: dict) -> dict:
@@ -47,8 +48,7 @@ def load(args):
     target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(args.target)
     drafts = {os.path.basename(os.path.normpath(p)): DFlashDraftModel.from_pretrained(p, dtype=torch.float32) for p in args.draft}
-    with open(args.prompts, encoding="utf-8") as fh:
-        texts = [json.loads(line)["prompt"] for line in fh][: args.num_prompts]
+    texts = load_prompts(args.task, args.num_prompts)
     return target, drafts, [tok(t, return_tensors="pt").input_ids for t in texts]
 
 
@@ -56,7 +56,8 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target")
     parser.add_argument("--draft", action="append", default=[])
-    parser.add_argument("--prompts", help="JSONL with a 'prompt' field per line")
+    parser.add_argument("--task", default="heldout", help="a task of benchmarks/tasks.py (raw prompts, no chat template)")
+    parser.add_argument("--testbed", action="store_true", help="run the CPU test bed's target and drafts")
     parser.add_argument("--num-prompts", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=0.0)
@@ -64,6 +65,8 @@ def main(argv=None) -> None:
     parser.add_argument("--out", default="benchmarks/results/hf_cpu.json")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.testbed:
+        args.target, args.draft, _ = resolve_models({})
     target, drafts, prompts = load(args)
     methods = {"target-only": lambda ids: measure(target_only_decode(target, ids, args.max_new_tokens, (), args.temperature))}
     for name, draft in drafts.items():
@@ -85,7 +88,7 @@ def main(argv=None) -> None:
     for name, r in results.items():
         print(f"{name:<16}{r['tok_per_s']:>10.1f}{r['tok_per_s'] / base:>8.2f}x{r['accept_length']:>8.2f}"
               f"{100 * r['outside_target_share']:>15.1f}%")
-    record = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, {args.threads} threads",
+    record = {"machine": machine(),
               "target": args.target or "tiny random Qwen3 (sglang_domino.testing)", "drafts": list(drafts),
               "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "results": results}
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
