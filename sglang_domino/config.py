@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Literal, Optional
+from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
@@ -331,5 +331,3 @@ def _format_validation_error(err: ValidationError) -> str:
             lines.append(f"{loc}: {detail}")
     return "invalid draft config: " + "; ".join(lines)
 
-
-LayerType = Literal["full_attention", "sliding_attention"]

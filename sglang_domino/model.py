@@ -12,7 +12,6 @@ cache) and training (many blocks over a whole sequence) run the same code.
 
 from __future__ import annotations
 
-from typing import Optional
 
 import torch
 import torch.nn.functional as F

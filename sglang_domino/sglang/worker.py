@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Optional
 
 import torch
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2, _commit_accept

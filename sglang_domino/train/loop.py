@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -174,7 +173,7 @@ def train(cfg: TrainConfig) -> dict:
     autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if _use_bf16(cfg, device) else nullcontext())
     cfg_dict = cfg.model_dump()
     t0 = time.time()
-    tokens = slots = 0
+    tokens = 0
     bar = tqdm(total=total, initial=step, desc=f"train {cfg.kind}", disable=not cfg.progress, mininterval=2)
     while step < total:
         batch = schedule.batch(step)

@@ -12,7 +12,6 @@ import sys
 import textwrap
 from importlib.metadata import entry_points
 
-import pytest
 
 from conftest import server_env
 
