@@ -21,38 +21,22 @@ import sys
 import time
 from typing import Optional
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from .machine import machine
 from .records import TARGET_ONLY, Record, read, write
-from .tasks import default_tasks, flag, load_prompts, render, resolve_models, use_chat_template
+from .settings import BenchSettings
+from .tasks import load_prompts, render
 
 
-class HFBenchConfig(BaseModel):
-    draft_models: list[str]
-    target_model: str
-    tasks: list[tuple[str, int]]
-    max_new_tokens: int = Field(ge=1)
-    temperature: float = Field(ge=0)
-    block_size: int = Field(ge=2)
+class HFBenchConfig(BenchSettings):
     num_gpus: int = Field(ge=1)
-    repeats: int = Field(ge=1)
     dtype: str
-    chat_template: bool
-    enable_thinking: bool
-    out_dir: str
 
     @classmethod
     def from_env(cls, env=os.environ) -> "HFBenchConfig":
-        on_testbed = not env.get("TARGET_MODEL") and not env.get("DRAFT_MODEL")
-        target, drafts, on_testbed = resolve_models(env)
         try:
-            return cls(draft_models=drafts, target_model=target, tasks=default_tasks(env, on_testbed),
-                       max_new_tokens=int(env.get("MAX_NEW_TOKENS", 2048)), temperature=float(env.get("TEMPERATURE", 0.0)),
-                       block_size=int(env.get("BLOCK_SIZE", 16)), num_gpus=int(env.get("NUM_GPUS", 8)),
-                       repeats=int(env.get("REPEATS", 1)), dtype=env.get("DTYPE", "auto"),
-                       chat_template=use_chat_template(env, on_testbed), enable_thinking=flag(env, "ENABLE_THINKING", False),
-                       out_dir=env.get("OUT_DIR") or os.path.join("benchmarks", "results", time.strftime("hf-%Y%m%d-%H%M%S")))
+            return cls(**cls.common(env, "hf"), num_gpus=int(env.get("NUM_GPUS", 8)), dtype=env.get("DTYPE", "auto"))
         except ValueError as err:
             raise SystemExit(str(err)) from None
 

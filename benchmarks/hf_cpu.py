@@ -23,7 +23,8 @@ import torch
 
 from .decode import speculative_decode, target_only_decode
 from .machine import machine
-from .tasks import load_prompts, resolve_models
+from .settings import resolve_models
+from .tasks import load_prompts
 
 
 def measure(result: dict) -> dict:

@@ -30,53 +30,38 @@ from contextlib import contextmanager
 from typing import Optional
 
 import requests
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from .hf_bench import method_name
 from .machine import machine
 from .records import TARGET_ONLY, Record, write
-from .tasks import default_tasks, flag, load_prompts, render, resolve_models, use_chat_template
+from .settings import BenchSettings
+from .tasks import load_prompts, render
 
 
-class SGLangBenchConfig(BaseModel):
-    draft_models: list[str]
-    target_model: str
-    tasks: list[tuple[str, int]]
-    max_new_tokens: int = Field(ge=1)
-    temperature: float = Field(ge=0)
+class SGLangBenchConfig(BenchSettings):
     concurrencies: list[int]
-    block_size: int = Field(ge=2)
     verify_tokens: int = Field(ge=2)
     tp_size: int = Field(ge=1)
-    repeats: int = Field(ge=1)
     server_args: list[str]
     python: str
-    out_dir: str
     server_timeout: float
     on_cpu: bool
-    chat_template: bool
-    enable_thinking: bool
 
     @classmethod
     def from_env(cls, env=os.environ) -> "SGLangBenchConfig":
-        target, drafts, on_testbed = resolve_models(env)
         try:
+            common = cls.common(env, "sglang")
             concs = [int(c) for c in env.get("CONCURRENCIES", "1,2,4,8,16,32").split(",") if c.strip()]
             if not concs or min(concs) < 1:
                 raise ValueError(f"CONCURRENCIES: got {env.get('CONCURRENCIES')!r}, expected positive integers like '1,8,32'")
-            block = int(env.get("BLOCK_SIZE", 16))
+            block = common["block_size"]
             verify = int(env.get("VERIFY_TOKENS", block))
             if verify > block:
                 raise ValueError(f"VERIFY_TOKENS: got {verify}, expected at most BLOCK_SIZE={block}")
-            return cls(draft_models=drafts, target_model=target,
-                       tasks=default_tasks(env, on_testbed),
-                       max_new_tokens=int(env.get("MAX_NEW_TOKENS", 2048)), temperature=float(env.get("TEMPERATURE", 0.0)),
-                       concurrencies=concs, block_size=block, verify_tokens=verify, tp_size=int(env.get("TP_SIZE", 1)),
-                       repeats=int(env.get("REPEATS", 1)), server_args=shlex.split(env.get("SERVER_ARGS", "")),
-                       python=env.get("PYTHON") or sys.executable,
-                       out_dir=env.get("OUT_DIR") or os.path.join("benchmarks", "results", time.strftime("sglang-%Y%m%d-%H%M%S")),
-                       server_timeout=float(env.get("SERVER_TIMEOUT", 600)), on_cpu=not _has_cuda(),
-                       chat_template=use_chat_template(env, on_testbed), enable_thinking=flag(env, "ENABLE_THINKING", False))
+            return cls(**common, concurrencies=concs, verify_tokens=verify, tp_size=int(env.get("TP_SIZE", 1)),
+                       server_args=shlex.split(env.get("SERVER_ARGS", "")), python=env.get("PYTHON") or sys.executable,
+                       server_timeout=float(env.get("SERVER_TIMEOUT", 600)), on_cpu=not _has_cuda())
         except ValueError as err:
             raise SystemExit(str(err)) from None
 

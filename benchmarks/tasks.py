@@ -145,34 +145,6 @@ def testbed_dir() -> str:
     return str(build_dir("full"))
 
 
-def resolve_models(env) -> tuple[str, list[str], bool]:
-    """(target, drafts, on_testbed) from TARGET_MODEL / DRAFT_MODEL (comma-separated), or the
-    CPU test bed when both are unset."""
-    if bool(env.get("TARGET_MODEL")) != bool(env.get("DRAFT_MODEL")):
-        raise SystemExit("DRAFT_MODEL and TARGET_MODEL: set both, or neither to use the CPU test bed")
-    if env.get("TARGET_MODEL"):
-        return env["TARGET_MODEL"], [d for d in env["DRAFT_MODEL"].split(",") if d], False
-    from benchmarks.testbed.load import find
-
-    bed = testbed_dir()
-    target, drafts = os.path.join(bed, "target"), [os.path.join(bed, "dflash"), os.path.join(bed, "domino")]
-    if find("full") is None:
-        raise SystemExit(f"the CPU test bed is not built in {bed} (DOMINO_TESTBED_DIR): run "
-                         "benchmarks/build_testbed.sh, or set DRAFT_MODEL and TARGET_MODEL")
-    return target, drafts, True
-
-
-def use_chat_template(env, on_testbed: bool) -> bool:
-    """CHAT_TEMPLATE=1/0; by default on, as the model cards run, except on the test bed, whose
-    target is a plain code model trained on raw source text."""
-    return flag(env, "CHAT_TEMPLATE", not on_testbed)
-
-
-def default_tasks(env, on_testbed: bool) -> list[tuple[str, int]]:
-    """TASKS, else the model cards' default (gsm8k:128), or what the test bed can run offline."""
-    return parse_tasks(env.get("TASKS") or ("heldout:16,humaneval:16" if on_testbed else "gsm8k:128"))
-
-
 def _from_hub(task: Task) -> Optional[list[dict]]:
     if not task.hub_id or os.environ.get("HF_HUB_OFFLINE") == "1":
         return None
@@ -209,6 +181,3 @@ def render(tokenizer, prompt: str, chat: bool, enable_thinking: bool) -> str:
                                              add_generation_prompt=True, enable_thinking=enable_thinking)
     return prompt
 
-
-def flag(env, name: str, default: bool) -> bool:
-    return env.get(name, "1" if default else "0") not in ("0", "", "false", "False")
