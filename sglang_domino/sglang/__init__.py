@@ -20,13 +20,13 @@ Importing this package imports nothing from SGLang.
 """
 
 DISABLE_ENV = "SGLANG_DOMINO_DISABLE"
-# Verify width below the draft block (b8), carried from argument resolution in the
-# main process to the spawned schedulers (ServerArgs keeps only its own fields).
-VERIFY_WIDTH_ENV = "SGLANG_DOMINO_VERIFY_WIDTH"
 # Opt-in: verify window of the Transformers backend for `shift_label` Domino drafts
-# (draft block B, B proposals, B + 1 verified). Set by the user (`=1`); the resolved
-# draft block travels to the schedulers in DRAFT_BLOCK_ENV.
+# (draft block B, B proposals, B + 1 verified). Set by the user (`=1`).
 HF_WINDOW_ENV = "SGLANG_DOMINO_HF_WINDOW"
+# The draft block when it differs from the verify window (b8: block 16, window 8; the
+# Transformers window: block 16, window 17), carried from argument resolution in the main
+# process to the spawned schedulers (ServerArgs keeps only its own fields, and 0.5.23
+# has one field for both, `speculative_num_draft_tokens`).
 DRAFT_BLOCK_ENV = "SGLANG_DOMINO_DRAFT_BLOCK"
 
 

@@ -14,8 +14,10 @@ first time a DFLASH worker is created.
 What it registers (all idempotent, `SGLANG_DOMINO_DISABLE=1` registers nothing):
   * AROUND `SpeculativeAlgorithm.create_worker` (`srt/speculative/spec_info.py:311`):
     DFLASH -> `DominoDFlashWorker`; every other algorithm -> upstream.
+  * AROUND `SpeculativeAlgorithm.resolve_max_speculative_num_draft_tokens`
+    (`spec_info.py:268`): buffers sized for a draft block wider than the verify window.
   * resolution wrapper of `handle_speculative_decoding`
-    (`srt/arg_groups/speculative_hook.py:121`): verify width below the block,
+    (`srt/arg_groups/speculative_hook.py:121`): verify window other than the draft block,
     DFLASH's device gate lifted for `--device cpu`, draft checked against the target.
   * AFTER `ServerArgs.add_cli_args` (`srt/server_args.py:351`): the model cards'
     `--mamba-scheduler-strategy` as an alias of `--mamba-radix-cache-strategy`.
@@ -32,11 +34,13 @@ import argparse
 import logging
 import os
 
-from . import DRAFT_BLOCK_ENV, HF_WINDOW_ENV, VERIFY_WIDTH_ENV, plugin_disabled
+from . import DRAFT_BLOCK_ENV, HF_WINDOW_ENV, plugin_disabled
 
 logger = logging.getLogger(__name__)
 
 CREATE_WORKER_TARGET = "sglang.srt.speculative.spec_info.SpeculativeAlgorithm.create_worker"
+MAX_DRAFT_TOKENS_TARGET = (
+    "sglang.srt.speculative.spec_info.SpeculativeAlgorithm.resolve_max_speculative_num_draft_tokens")
 ADD_CLI_ARGS_TARGET = "sglang.srt.server_args.ServerArgs.add_cli_args"
 VALIDATE_REQUEST_TARGET = "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request"
 RESOLUTION_STEP = "handle_speculative_decoding"
@@ -60,6 +64,23 @@ def _around_create_worker(original, algo, server_args):
 
 
 _around_create_worker._sglang_domino = True
+
+
+def _around_resolve_max_draft_tokens(original, algo, server_args):
+    """`max_speculative_num_draft_tokens` (`arg_groups/overrides.py:1928`, published in
+    every process's spec bag, `runtime_context.py:1051-1058`) sizes the per-request token
+    capacity of the runners' buffers (`eager_runner.py:91`, logits rows
+    `model_runner.py:910`, KV pool and `req_to_token` headroom
+    `allocation_sizing.py:96-118`). The draft block can be wider than the verify window
+    (b8): the draft forward needs room for the block."""
+    result = original(algo, server_args)
+    draft_block = os.environ.get(DRAFT_BLOCK_ENV)
+    if algo.is_dflash() and draft_block and result is not None and not plugin_disabled():
+        return max(int(result), int(draft_block))
+    return result
+
+
+_around_resolve_max_draft_tokens._sglang_domino = True
 
 
 def _after_add_cli_args(result, *args, **kwargs):
@@ -142,26 +163,36 @@ def _resolve_speculative(server_args, previous):
 
     from .checks import check_verify_width
 
-    # Verify width below the draft block (b8). 0.5.23 requires the two flags to match
-    # (`speculative_hook.py:368-387`). The scheduler keeps accounting in blocks
-    # (speculative_num_draft_tokens = block: KV reservation 2x block, result stride), the
-    # worker caps acceptance at the verify width.
+    # Verify width below the draft block (b8) and the Transformers window: the scheduler
+    # accounts in verify windows (speculative_num_draft_tokens = window: verify batch,
+    # CUDA-graph capture of the target, result stride, accept-rate metrics); the draft
+    # block travels to the schedulers in DRAFT_BLOCK_ENV, where the worker runs the
+    # draft on it. 0.5.23 demands block == num_draft_tokens (`speculative_hook.py:368-387`):
+    # `speculative_dflash_block_size` is declared as the window, which is what that field
+    # means in 0.5.23 ("Block size (verify window length)", `fields/spec.py:70`).
     block = cfg.speculative_dflash_block_size
     ndt = cfg.speculative_num_draft_tokens
-    width = None
     hf_window = os.environ.get(HF_WINDOW_ENV, "").strip().lower() in ("1", "true", "yes", "on")
     os.environ.pop(DRAFT_BLOCK_ENV, None)
+    draft_block = window = None
     if hf_window:
         # Transformers-backend window for shift_label Domino drafts: B proposals from the
-        # B-slot draft block, B + 1 verified. The scheduler accounts in verify windows.
+        # B-slot draft block, B + 1 verified.
         draft_block = _hf_window_draft_block(cfg, block, ndt)
-        declare_resolution(server_args, SOURCE, speculative_dflash_block_size=draft_block + 1,
-                           speculative_num_draft_tokens=draft_block + 1)
-        os.environ[DRAFT_BLOCK_ENV] = str(draft_block)
+        window = draft_block + 1
     elif block is not None and ndt is not None and int(ndt) != int(block):
         check_verify_width(int(block), int(ndt))
-        width = int(ndt)
-        declare_resolution(server_args, SOURCE, speculative_num_draft_tokens=int(block))
+        draft_block, window = int(block), int(ndt)
+    if draft_block is not None:
+        if cfg.speculative_draft_window_size is not None:
+            raise ValueError(
+                f"--speculative-draft-window-size {cfg.speculative_draft_window_size} (compact draft cache) "
+                f"cannot be combined with a verify window of {window} tokens and a draft block of "
+                f"{draft_block}: sglang-domino supports the draft block differing from the verify window "
+                "only with the full draft cache; drop --speculative-draft-window-size")
+        declare_resolution(server_args, SOURCE, speculative_dflash_block_size=window,
+                           speculative_num_draft_tokens=window)
+        os.environ[DRAFT_BLOCK_ENV] = str(draft_block)
 
     if str(cfg.device).startswith("cpu"):
         import sglang.srt.arg_groups.speculative_hook as spec_hook
@@ -175,13 +206,7 @@ def _resolve_speculative(server_args, previous):
     else:
         previous(server_args)
 
-    cfg = resolving_view(server_args)
-    block = int(cfg.speculative_num_draft_tokens)
-    if width is None or width >= block:
-        os.environ.pop(VERIFY_WIDTH_ENV, None)
-    else:
-        os.environ[VERIFY_WIDTH_ENV] = str(width)
-    _check_draft(cfg)
+    _check_draft(resolving_view(server_args))
 
 
 def _hf_window_draft_block(cfg, block, ndt) -> int:
@@ -223,6 +248,7 @@ def register() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     HookRegistry.register(CREATE_WORKER_TARGET, _around_create_worker, HookType.AROUND)
+    HookRegistry.register(MAX_DRAFT_TOKENS_TARGET, _around_resolve_max_draft_tokens, HookType.AROUND)
     HookRegistry.register(ADD_CLI_ARGS_TARGET, _after_add_cli_args, HookType.AFTER)
     HookRegistry.register(VALIDATE_REQUEST_TARGET, _before_validate_one_request, HookType.BEFORE)
     register_resolution_hook(RESOLUTION_STEP)(_resolve_speculative)
@@ -257,6 +283,7 @@ def hooks_installed() -> dict[str, bool]:
 
     return {
         "create_worker": wraps_ours(CREATE_WORKER_TARGET),
+        "max_draft_tokens": wraps_ours(MAX_DRAFT_TOKENS_TARGET),
         "add_cli_args": wraps_ours(ADD_CLI_ARGS_TARGET),
         "validate_request": wraps_ours(VALIDATE_REQUEST_TARGET),
         "resolution": any(getattr(f, "_sglang_domino", False)

@@ -6,12 +6,15 @@ draft block, the Domino rollout and the KV bookkeeping, is upstream's):
     target before anything is built; registers the `DominoDraftModel` architecture;
     on CPU installs `cpu_runtime` and builds the upstream worker with the Domino device
     gate lifted, then switches the draft's Triton qk-norm/rope off; keeps the draft's
-    `input_embeds` in the runner dtype; reads the verify width (b8).
+    `input_embeds` in the runner dtype; runs the draft on its own block when it differs
+    from the verify window (b8, the Transformers window): see `_resolve_draft_block`.
+  * `init_cuda_graphs`, `_maybe_build_draft_sampler`: the draft graph captured, and the
+    eager rollout used, for that draft block.
   * hooks installed from `__init__` (scheduler only): `parse_dflash_draft_config` reads
     the `causal_v5` alias as `domino`; `DFlashDraftModel.load_weights` sees names through
-    `sglang_domino.checkpoint.normalize_keys` (legacy `logit_head.*` keys).
-  * `_accept_block` (`dflash_worker_v2.py:2187`): with a verify width W below the draft
-    block, acceptance is capped at W - 1 proposals (max W tokens per verify).
+    `sglang_domino.checkpoint.normalize_keys` (legacy `logit_head.*` keys); with b8, the
+    decode KV reservation (`dflash_info_v2.page_aligned_decode_alloc_lens`) covers the
+    draft block.
 """
 
 from __future__ import annotations
@@ -20,12 +23,14 @@ import logging
 import os
 
 import torch
-from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2, _commit_accept
+from sglang.srt.runtime_context import get_spec
+from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+from sglang.srt.speculative.draft_worker_common import make_draft_block_spec_info
 
 from ..config import DOMINO_PROJECTORS
-from . import DRAFT_BLOCK_ENV, HF_WINDOW_ENV, VERIFY_WIDTH_ENV
+from . import DRAFT_BLOCK_ENV, HF_WINDOW_ENV
 from . import cpu_runtime
-from .checks import check_draft_against_target, check_verify_width, read_draft_config, read_target_config
+from .checks import check_draft_against_target, read_draft_config, read_target_config
 
 logger = logging.getLogger(__name__)
 
@@ -123,103 +128,181 @@ class DominoDFlashWorker(DFlashWorkerV2):
         if self.draft_model_runner.dtype != torch.bfloat16:
             cpu_runtime.keep_input_embeds_dtype(self.draft_model_runner)
 
-        self.verify_width = self._resolve_verify_width()
         self.draft_block = self._resolve_draft_block()
         logger.info(
             "sglang-domino DFLASH worker: device=%s, draft block=%s, verify width=%s, domino=%s",
-            self.device, self.draft_block, self.verify_width, self._is_domino)
+            self.device, self.draft_block, self.block_size, self._is_domino)
+        self._log_first_verify()
+
+    def _log_first_verify(self) -> None:
+        """Log the width of the first target verify this worker runs (the target's call at
+        `dflash_worker_v2.py:2875`), then step aside: what the target really computed per
+        request, for operators and for the end-to-end tests of b8."""
+        target = self._target_worker
+        original = target.forward_batch_generation
+
+        def forward_batch_generation(*args, **kwargs):
+            fb = kwargs.get("forward_batch")
+            if kwargs.get("is_verify") and fb is not None and int(fb.batch_size) > 0:
+                target.forward_batch_generation = original
+                logger.info("sglang-domino first verify: the target computed %d tokens for %d request(s)",
+                            int(fb.input_ids.numel()), int(fb.batch_size))
+            return original(*args, **kwargs)
+
+        target.forward_batch_generation = forward_batch_generation
+
+    @property
+    def verify_width(self) -> int:
+        """Tokens the target verifies per request and step (bonus + proposals)."""
+        return int(self.block_size)
 
     def _resolve_draft_block(self) -> int:
-        """With SGLANG_DOMINO_HF_WINDOW the worker's block (= verify window, what the
-        scheduler accounts in) is draft block + 1: the draft runs its B-slot block, the
-        Domino rollout proposes B tokens (slots 0..B-1, `shift_label`), B + 1 are verified,
-        as in the Transformers backend. Upstream proposes B - 1 (algorithm.md 4.5)."""
+        """`self.block_size` is the verify window, what the scheduler accounts in
+        (`speculative_num_draft_tokens`). The draft block differs from it in two modes,
+        both set up by argument resolution (DRAFT_BLOCK_ENV):
+          * b8: draft block B > window W. The block-B draft runs whole; its first W - 1
+            proposals are verified, so the target computes W positions per request.
+          * SGLANG_DOMINO_HF_WINDOW: window = B + 1 for a `shift_label` Domino draft; the
+            rollout proposes B tokens from slots 0..B-1, as the Transformers backend.
+        Upstream proposes from a block as wide as the window (algorithm.md 4.5)."""
         raw = os.environ.get(DRAFT_BLOCK_ENV)
-        if not raw or int(raw) == int(self.block_size):
-            return int(self.block_size)
+        window = int(self.block_size)
+        if not raw or int(raw) == window:
+            return window
         draft_block = int(raw)
-        if not (self._is_domino and bool(self.draft_model.shift_label)
-                and int(self.block_size) == draft_block + 1):
+        if self.use_compact_draft_cache:
+            raise ValueError(
+                f"draft block {draft_block} != verify window {window} needs the full draft cache; "
+                "drop --speculative-draft-window-size")
+        if draft_block < window and not (self._is_domino and bool(self.draft_model.shift_label)
+                                         and window == draft_block + 1):
             raise ValueError(
                 f"{HF_WINDOW_ENV}=1 needs a shift_label Domino draft and a verify window of draft block + 1; "
-                f"got draft block {draft_block}, window {self.block_size}, domino={self._is_domino}")
+                f"got draft block {draft_block}, window {window}, domino={self._is_domino}")
         self.draft_model.set_block_size(draft_block)
-        self._run_draft_on_fewer_slots(draft_block)
+        # The draft batch's spec info carries its width: the draft attention backend plans
+        # `draft_token_num` query rows per request (`dflash_info.py:135-202`, FlashInfer) and
+        # graph replay requires it to equal the captured width
+        # (`decode_cuda_graph_runner.py:860-869`).
+        self._draft_block_spec_info = make_draft_block_spec_info(draft_token_num=draft_block,
+                                                                 device=self.device)
+        self._run_draft_on_block(draft_block)
+        if draft_block > window:
+            reserve_draft_block(draft_block - window)
         return draft_block
 
-    def _run_draft_on_fewer_slots(self, draft_block: int) -> None:
-        """Upstream builds the draft block as wide as the verify window
-        (`dflash_worker_v2.py:2518-2560`, forward `:2688`); run the draft model on the first
-        `draft_block` slots of every request and hand back hidden states padded to the
-        window (the padded slot is never read: with `shift_label` the rollout reads slots
-        0..window-2, `domino_utils.py:311`)."""
+    def _run_draft_on_block(self, draft_block: int) -> None:
+        """Upstream builds the draft batch as wide as the verify window
+        (`dflash_worker_v2.py:2503-2660`) and runs it at `:2688`. Give the draft runner a
+        batch of `draft_block` slots per request instead: the window's first slots (the
+        bonus and mask tokens) cut or extended with mask slots, at positions
+        `seq_len + 0..draft_block-1` and their `req_to_token` cache slots, with a KV plan of
+        its own. Hidden states come back window-wide: the first `window` slots of the
+        block (b8: the rollout and the greedy head read slots 0..W-1, so the proposals are
+        the block-B draft's first W - 1), or zero-padded (HF window: the padded slot is
+        never read, `shift_label` reads slots 0..window-2, `domino_utils.py:311`)."""
         import copy
 
         runner = self.draft_model_runner
         original = runner.forward
         window = int(self.block_size)
+        target_runner = self.model_runner  # its KV pools are allocated after __init__
+        offsets = torch.arange(draft_block, device=self.device, dtype=torch.int64)
+        mask_id = int(self._mask_token_id)
+
+        def resize(t, fill=None):
+            """[bs * window, ...] -> [bs * draft_block, ...]; new slots repeat `fill` or
+            the last window slot (a mask slot: slot 0 is the only non-mask one)."""
+            rows = t.view(-1, window, *t.shape[1:])
+            if draft_block <= window:
+                out = rows[:, :draft_block]
+            else:
+                extra = rows[:, -1:].expand(-1, draft_block - window, *t.shape[1:])
+                if fill is not None:
+                    extra = torch.full_like(extra, fill)
+                out = torch.cat((rows, extra), dim=1)
+            return out.reshape(-1, *t.shape[1:])
 
         def forward(forward_batch, *args, **kwargs):
             bs = int(forward_batch.batch_size)
             if (not forward_batch.forward_mode.is_target_verify() or forward_batch.input_embeds is None
                     or forward_batch.input_ids.numel() != bs * window):
                 return original(forward_batch, *args, **kwargs)
-
-            def keep(t):
-                return t.view(bs, window, *t.shape[1:])[:, :draft_block].reshape(bs * draft_block, *t.shape[1:])
-
             fb = copy.copy(forward_batch)
-            fb.input_ids = keep(forward_batch.input_ids)
-            fb.positions = keep(forward_batch.positions)
-            fb.out_cache_loc = keep(forward_batch.out_cache_loc)
-            fb.input_embeds = keep(forward_batch.input_embeds)
+            fb.input_ids = resize(forward_batch.input_ids, fill=mask_id)
+            fb.input_embeds = resize(forward_batch.input_embeds)
+            fb.positions = (forward_batch.positions.view(bs, window)[:, :1] + offsets).reshape(-1)
+            cols = forward_batch.seq_lens.to(torch.int64)[:, None] + offsets
+            locs = target_runner.req_to_token_pool.req_to_token[forward_batch.req_pool_indices.to(torch.int64)[:, None], cols]
+            extra = draft_block - window
+            if extra > 0 and fb.seq_lens_cpu is not None:  # host bound: committed + block
+                fb.seq_lens_cpu = fb.seq_lens_cpu + extra
+                fb.seq_lens_sum = int(fb.seq_lens_sum) + bs * extra
+            old_plan = forward_batch.kv_loc_plan
+            plan = target_runner.kv_index_translator.plan(
+                req_pool_indices=forward_batch.req_pool_indices,
+                seq_lens=forward_batch.seq_lens,
+                seq_lens_cpu=old_plan.seq_lens_cpu if old_plan is not None else None,
+                write_virtual=locs.reshape(-1).to(forward_batch.out_cache_loc.dtype),
+                read_extent=draft_block,
+            )
+            plan.bind(fb, runner.kv_index_translator)
             if getattr(fb, "num_token_non_padded", None) is not None:
                 fb.num_token_non_padded = torch.full_like(fb.num_token_non_padded, bs * draft_block)
             fb.global_num_token_non_padded_cpu = bs * draft_block
             out = original(fb, *args, **kwargs)
-            hidden = out.logits_output.hidden_states
-            padded = hidden.new_zeros(bs, window, hidden.shape[-1])
-            padded[:, :draft_block] = hidden.view(bs, draft_block, -1)
-            out.logits_output.hidden_states = padded.view(bs * window, -1)
+            hidden = out.logits_output.hidden_states.view(bs, draft_block, -1)
+            if draft_block >= window:
+                hidden = hidden[:, :window]
+            else:
+                hidden = torch.cat((hidden, hidden.new_zeros(bs, window - draft_block, hidden.shape[-1])), 1)
+            out.logits_output.hidden_states = hidden.reshape(bs * window, -1)
             return out
 
         runner.forward = forward
 
+    def init_cuda_graphs(self):
+        # The draft runner's graphs are captured `speculative_num_draft_tokens` wide
+        # (`decode_cuda_graph_runner.py:349-361`), the verify window; the draft batch is
+        # draft-block wide. Capture it under a scoped override of that leaf, the way
+        # upstream captures adaptive widths (`spec_utils.py:95-97`).
+        if int(self.draft_block) == int(self.block_size):
+            return super().init_cuda_graphs()
+        with get_spec().override(speculative_num_draft_tokens=int(self.draft_block)):
+            return super().init_cuda_graphs()
+
     def _maybe_build_draft_sampler(self):
-        # The in-graph Domino sampler (`dflash_worker_v2.py:884`, `:953`) reads the draft
-        # graph's output directly; the wider verify window runs the eager rollout.
-        if int(getattr(self, "draft_block", self.block_size)) != int(self.block_size) or \
-                os.environ.get(DRAFT_BLOCK_ENV):
+        # The in-graph Domino/greedy samplers (`dflash_worker_v2.py:884`, `:953`) read the
+        # draft graph's output as window-wide; a draft block of another width runs the
+        # eager rollout on the hidden states `_run_draft_on_block` hands back.
+        if int(getattr(self, "draft_block", self.block_size)) != int(self.block_size):
             return None
         return super()._maybe_build_draft_sampler()
 
-    def _resolve_verify_width(self) -> int:
-        raw = os.environ.get(VERIFY_WIDTH_ENV)
-        if not raw:
-            return int(self.block_size)
-        width = int(raw)
-        check_verify_width(int(self.block_size), width)
-        return width
 
-    def _accept_block(self, **kwargs):
-        accept_len, commit_lens, bonus, out_tokens, new_seq_lens = super()._accept_block(**kwargs)
-        width = int(self.verify_width)
-        if width >= int(self.block_size):
-            return accept_len, commit_lens, bonus, out_tokens, new_seq_lens
-        # Verify width W < block: keep at most W - 1 proposals. A row that accepted more
-        # has proposal W accepted as well (equal to the target's greedy token, or accepted
-        # by the sampling rule, hence distributed as the target at that position), so it
-        # becomes the row's bonus: output stays the target's, and every step commits at
-        # most W tokens, as a W-wide verify would.
-        candidates = kwargs["candidates"]
-        cap = width - 1
-        over = accept_len > cap
-        if not bool(over.any()):
-            return accept_len, commit_lens, bonus, out_tokens, new_seq_lens
-        accept_len = torch.clamp(accept_len, max=cap)
-        bonus = torch.where(over, candidates[:, width].to(bonus.dtype), bonus)
-        out_tokens, commit_lens = _commit_accept(candidates, accept_len, bonus)
-        return accept_len, commit_lens, bonus, out_tokens, None
+RESERVATION_TARGET = "sglang.srt.speculative.dflash_info_v2.page_aligned_decode_alloc_lens"
+_reserve_extra = 0
+
+
+def _around_decode_alloc_lens(original, reqs, *args, reserve, **kwargs):
+    """`DFlashDraftInputV2.prepare_for_decode` reserves 2 x window past the committed
+    length (`dflash_info_v2.py:147`): one window of host lag under overlap scheduling, one
+    for the step's writes. A draft block wider than the window writes the whole block."""
+    return original(reqs, *args, reserve=reserve + _reserve_extra, **kwargs)
+
+
+_around_decode_alloc_lens._sglang_domino = True
+
+
+def reserve_draft_block(extra: int) -> None:
+    """Reserve `extra` more KV slots per request and decode step (draft block - window)."""
+    global _reserve_extra
+    if _reserve_extra == 0:
+        from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+        HookRegistry.register(RESERVATION_TARGET, _around_decode_alloc_lens, HookType.AROUND)
+        HookRegistry.apply_hooks()
+    _reserve_extra = int(extra)
 
 
 __all__ = ["DominoDFlashWorker"]

@@ -32,7 +32,7 @@ import tiny  # noqa: E402
 BLOCK = 16
 STARTUP_TIMEOUT = 420
 SERVER_ENV_DROP = ("SGLANG_USE_CPU_ENGINE", "TRITON_INTERPRET", "SGLANG_DOMINO_DISABLE",
-                   "SGLANG_DOMINO_VERIFY_WIDTH", "SGLANG_PLUGINS", "SGLANG_PLATFORM", "PYTHONPATH")
+                   "SGLANG_DOMINO_DRAFT_BLOCK", "SGLANG_PLUGINS", "SGLANG_PLATFORM", "PYTHONPATH")
 
 
 def pytest_configure(config):
@@ -229,6 +229,12 @@ def spec_env(tmp: str, width) -> dict[str, str]:
 def verify_window(width) -> int:
     """Tokens one verify step can commit for a SPEC_CONFIGS width."""
     return BLOCK + 1 if width == "hf" else (width or BLOCK)
+
+
+def proposals_per_step(width) -> int:
+    """Draft tokens the target verifies per step: window - 1, or all 16 of the block with
+    the Transformers window."""
+    return BLOCK if width == "hf" else verify_window(width) - 1
 
 
 @pytest.fixture(scope="session")

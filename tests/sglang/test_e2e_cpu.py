@@ -5,6 +5,7 @@ without speculation and against the Transformers backend."""
 from __future__ import annotations
 
 import json
+import re
 import threading
 import urllib.request
 
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 import tiny
-from conftest import BASE_ARGS, BLOCK, SPEC_CONFIGS, spec_args, spec_env, verify_window
+from conftest import BASE_ARGS, BLOCK, SPEC_CONFIGS, proposals_per_step, spec_args, spec_env, verify_window
 
 pytestmark = pytest.mark.sglang_e2e
 
@@ -95,11 +96,15 @@ def test_generate_reports_speculation(spec):
     width = verify_window(SPEC_CONFIGS[config][1])
     # every verify step commits between 1 and `width` tokens (prefill gives the first)
     assert meta["spec_verify_ct"] * 1 <= MAX_TOKENS - 1 <= meta["spec_verify_ct"] * width
-    # proposals per verify step: 15 from the 16-slot block, 16 with the HF window
-    per_step = BLOCK if SPEC_CONFIGS[config][1] == "hf" else BLOCK - 1
-    assert meta["spec_num_proposed_drafts"] == meta["spec_verify_ct"] * per_step
+    # proposals the target verified per step: 15 of the 16-slot block, 7 with width 8 (the
+    # draft block is still 16), 16 with the HF window
+    assert meta["spec_num_proposed_drafts"] == meta["spec_verify_ct"] * proposals_per_step(SPEC_CONFIGS[config][1])
     # the scheduler process ran this project's worker (spawned process: entry-point plugin)
-    assert f"sglang-domino DFLASH worker: device=cpu, draft block={BLOCK}, verify width={width}" in spec.log()
+    log = spec.log()
+    assert f"sglang-domino DFLASH worker: device=cpu, draft block={BLOCK}, verify width={width}" in log
+    # and the target computed `width` positions per request, not the draft block's 16
+    tokens, requests = map(int, re.search(r"first verify: the target computed (\d+) tokens for (\d+) request", log).groups())
+    assert tokens == width * requests
 
 
 def _hf_stats(models, kind, input_ids, width):

@@ -80,7 +80,8 @@ HOOK_CHECK = f"""
 
 def test_hooks_are_in_place_after_load_plugins(sglang_tmp):
     r = run_py(HOOK_CHECK, sglang_tmp)
-    assert r["hooks"] == {"create_worker": True, "add_cli_args": True, "validate_request": True, "resolution": True}
+    assert r["hooks"] == {"create_worker": True, "max_draft_tokens": True, "add_cli_args": True,
+                          "validate_request": True, "resolution": True}
     assert r["resolution_hooks"] == 1
     assert r["worker"] == "sglang_domino.sglang.worker.DominoDFlashWorker"
     assert r["mamba"] == "extra_buffer"
@@ -111,7 +112,8 @@ def test_disable_env_leaves_upstream_behaviour(sglang_tmp):
         result = dict(hooks=plugin.hooks_installed(), cpu_engine=os.environ.get("SGLANG_USE_CPU_ENGINE"))
         {emit()}
     """, sglang_tmp, argv=("sglang", "serve", "--device", "cpu"), SGLANG_DOMINO_DISABLE="1")
-    assert r["hooks"] == {"create_worker": False, "add_cli_args": False, "validate_request": False,
+    assert r["hooks"] == {"create_worker": False, "max_draft_tokens": False, "add_cli_args": False,
+                          "validate_request": False,
                           "resolution": False}
     assert r["cpu_engine"] == "1"  # the CPU switch is not the worker: it stays on
 
@@ -122,6 +124,7 @@ RESOLVE = f"""
     load_plugins()
     from sglang.srt.server_args import prepare_server_args
     from sglang.srt.arg_groups.model_override_base import resolving_view
+    from sglang.srt.arg_groups.overrides import max_speculative_num_draft_tokens
     result = []
     for args in CASES:
         try:
@@ -130,7 +133,8 @@ RESOLVE = f"""
             v = resolving_view(sa)
             result.append(dict(ok=True, num_draft_tokens=v.speculative_num_draft_tokens,
                                draft_backend=v.speculative_draft_attention_backend,
-                               width=os.environ.get("SGLANG_DOMINO_VERIFY_WIDTH"),
+                               block=v.speculative_dflash_block_size,
+                               max_draft=max_speculative_num_draft_tokens(sa),
                                **({{"draft_block": os.environ["SGLANG_DOMINO_DRAFT_BLOCK"]}}
                                   if "SGLANG_DOMINO_DRAFT_BLOCK" in os.environ else {{}})))
         except Exception as err:
@@ -148,16 +152,23 @@ def resolve(tmp, models, cases, env=None) -> list[dict]:
 
 
 def test_resolution_on_cpu_verify_width_and_its_limits(sglang_tmp, models):
-    w8, plain, too_wide = resolve(sglang_tmp, models, [
+    w8, plain, too_wide, compact = resolve(sglang_tmp, models, [
         (models["domino"], ["--speculative-dflash-block-size", "16", "--speculative-num-draft-tokens", "8"]),
         (models["dflash"], ["--speculative-dflash-block-size", "16"]),
         (models["dflash"], ["--speculative-dflash-block-size", "8", "--speculative-num-draft-tokens", "16"]),
+        (models["dflash"], ["--speculative-dflash-block-size", "16", "--speculative-num-draft-tokens", "8",
+                            "--speculative-draft-window-size", "64"]),
     ])
-    assert w8 == {"ok": True, "num_draft_tokens": 16, "draft_backend": "torch_native", "width": "8"}
-    assert plain == {"ok": True, "num_draft_tokens": 16, "draft_backend": "torch_native", "width": None}
+    # the scheduler accounts in verify windows (8: verify batch, target graphs, result
+    # stride); the draft block (16) travels apart and sizes the runners' buffers
+    assert w8 == {"ok": True, "num_draft_tokens": 8, "draft_backend": "torch_native", "block": 8,
+                  "max_draft": 16, "draft_block": "16"}
+    assert plain == {"ok": True, "num_draft_tokens": 16, "draft_backend": "torch_native", "block": 16,
+                     "max_draft": 16}
     assert not too_wide["ok"]
     assert "verify width" in too_wide["error"]
     assert "larger than --speculative-dflash-block-size 8" in too_wide["error"]
+    assert not compact["ok"] and "drop --speculative-draft-window-size" in compact["error"]
 
 
 def test_resolution_of_the_transformers_window_option(sglang_tmp, models):
@@ -165,8 +176,8 @@ def test_resolution_of_the_transformers_window_option(sglang_tmp, models):
         (models["domino"], ["--speculative-dflash-block-size", "16"]),
         (models["dflash"], ["--speculative-dflash-block-size", "16"]),
     ], env={"SGLANG_DOMINO_HF_WINDOW": "1"})
-    assert hf17 == {"ok": True, "num_draft_tokens": 17, "draft_backend": "torch_native", "width": None,
-                    "draft_block": "16"}
+    assert hf17 == {"ok": True, "num_draft_tokens": 17, "draft_backend": "torch_native", "block": 17,
+                    "max_draft": 17, "draft_block": "16"}
     assert not dflash["ok"] and "needs a Domino draft with dflash_config.shift_label=true" in dflash["error"]
 
 
@@ -229,7 +240,13 @@ UPSTREAM = f"""
     src_validate = inspect.getsource(du.validate_domino_runtime)
     last_raise = src_validate.rsplit("raise ValueError", 1)[1]
     result = dict(
-        accept_params=list(inspect.signature(w2.DFlashWorkerV2._accept_block).parameters),
+        max_tokens=list(inspect.signature(SpeculativeAlgorithm.resolve_max_speculative_num_draft_tokens).parameters),
+        spec_info=list(inspect.signature(w2.make_draft_block_spec_info).parameters),
+        spec_override=hasattr(__import__("sglang.srt.runtime_context", fromlist=["x"])._ConfigBag, "override"),
+        capture_width="get_spec().speculative_num_draft_tokens" in inspect.getsource(
+            __import__("sglang.srt.model_executor.runner.decode_cuda_graph_runner", fromlist=["x"]).DecodeCudaGraphRunner.__init__),
+        plan=list(inspect.signature(__import__("sglang.srt.mem_cache.kv_index_translator", fromlist=["x"]).KVIndexTranslator.plan).parameters),
+        draft_forward="draft_out = self.draft_model_runner.forward(forward_batch)" in inspect.getsource(w2.DFlashWorkerV2.forward_batch_generation),
         init_params=list(inspect.signature(w2.DFlashWorkerV2.__init__).parameters),
         validate_bound=w2.validate_domino_runtime is du.validate_domino_runtime,
         bf16_is_last=("BF16" in last_raise and "requires CUDA" in src_validate),
@@ -239,7 +256,6 @@ UPSTREAM = f"""
         fwd_ext=list(inspect.signature(TorchNativeAttnBackend.forward_extend).parameters)[:6],
         extend_kwargs=list(inspect.signature(ModelRunner._extend_forward_kwargs).parameters),
         qk_flag="use_table_qk_norm_rope" in inspect.getsource(mdf),
-        commit=list(inspect.signature(w2._commit_accept).parameters),
         create_worker=list(inspect.signature(SpeculativeAlgorithm.create_worker).parameters),
         parse=list(inspect.signature(__import__("sglang.srt.speculative.dflash_utils", fromlist=["x"]).parse_dflash_draft_config).parameters),
         load_weights=list(inspect.signature(mdf.DFlashDraftModel.load_weights).parameters),
@@ -252,14 +268,16 @@ UPSTREAM = f"""
 
 def test_upstream_symbols_the_plugin_depends_on_are_still_there(sglang_tmp):
     r = run_py(UPSTREAM, sglang_tmp)
-    assert r["accept_params"] == ["self", "candidates", "next_token_logits", "sampling_info", "draft_input",
-                                  "prefix_lens", "bs", "target_predict"]
+    assert r["max_tokens"] == ["self", "server_args"]
+    assert r["spec_info"] == ["draft_token_num", "device"]
+    assert r["spec_override"] and r["capture_width"] and r["draft_forward"]
+    assert r["plan"] == ["self", "req_pool_indices", "seq_lens", "seq_lens_cpu", "write_virtual", "read_extent",
+                         "write_slots", "translated_writes"]
     assert r["init_params"] == ["self", "server_args", "gpu_id", "nccl_port", "target_worker"]
     assert r["validate_bound"] and r["bf16_is_last"] and r["platform_global"] and r["choices_list"]
     assert r["record_stream"] and r["qk_flag"]
     assert r["fwd_ext"] == ["self", "q", "k", "v", "layer", "forward_batch"]
     assert r["extend_kwargs"] == ["self", "forward_batch", "pp_proxy_tensors"]
-    assert r["commit"] == ["candidates", "accept_len", "bonus_tokens"]
     assert r["create_worker"] == ["self", "server_args"]
     assert r["parse"] == ["draft_hf_config"]
     assert r["load_weights"] == ["self", "weights"]
@@ -267,46 +285,35 @@ def test_upstream_symbols_the_plugin_depends_on_are_still_there(sglang_tmp):
     assert r["domino_check"]
 
 
-ACCEPT_CAP = f"""
-    import torch
-    from sglang_domino.sglang.worker import DominoDFlashWorker
+RESERVE = f"""
+    from types import SimpleNamespace
+    import inspect
+    import sglang.srt.speculative.dflash_info_v2 as info
+    from sglang_domino.sglang.worker import reserve_draft_block
 
-    class Sync:
-        def sync(self, site, tensor):
-            pass
+    def lens(reserve):
+        reqs = [SimpleNamespace(kv=SimpleNamespace(kv_committed_len=10, kv_allocated_len=12)),
+                SimpleNamespace(kv=SimpleNamespace(kv_committed_len=40, kv_allocated_len=80))]
+        return info.page_aligned_decode_alloc_lens(reqs, reserve=reserve, page_size=1)
 
-    w = DominoDFlashWorker.__new__(DominoDFlashWorker)
-    w._selector_sample = None
-    w._tp_sync = Sync()
-    w._use_triton_accept_bonus = False
-    w.block_size = 8
-    # candidates: [bonus, d1..d7]; the target's greedy token at each position
-    candidates = torch.tensor([[9, 1, 2, 3, 4, 5, 6, 7],    # all 7 proposals right
-                               [9, 1, 2, 0, 4, 5, 6, 7],    # 2 right
-                               [9, 1, 2, 3, 4, 0, 6, 7]])   # 4 right
-    target = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8]] * 3)
-    out = dict()
-    for width in (8, 4):
-        w.verify_width = width
-        acc, commit, bonus, tokens, new_lens = w._accept_block(
-            candidates=candidates, next_token_logits=None, sampling_info=None, draft_input=None,
-            prefix_lens=torch.tensor([10, 10, 10]), bs=3, target_predict=target.reshape(-1))
-        out[width] = dict(acc=acc.tolist(), commit=commit.tolist(), bonus=bonus.tolist(),
-                          tokens=[t[:c] for t, c in zip(tokens.tolist(), commit.tolist())])
-    result = out
+    before = lens(16)
+    reserve_draft_block(8)
+    reserve_draft_block(8)  # idempotent: one hook, the extra is not added twice
+    result = dict(before=before, after=lens(16),
+                  upstream_call="page_aligned_decode_alloc_lens(" in inspect.getsource(
+                      info.DFlashDraftInputV2.prepare_for_decode)
+                  and "reserve = 2 * block_size" in inspect.getsource(info.DFlashDraftInputV2.prepare_for_decode))
     {emit()}
 """
 
 
-def test_verify_width_caps_acceptance_and_keeps_the_target_tokens(sglang_tmp):
-    r = run_py(ACCEPT_CAP, sglang_tmp)
-    full, capped = r["8"], r["4"]
-    assert full["acc"] == [7, 2, 4] and full["commit"] == [8, 3, 5]
-    assert full["tokens"] == [[1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3], [1, 2, 3, 4, 5]]
-    # width 4: at most 3 proposals + 1 token per step, and every token is still the target's
-    assert capped["acc"] == [3, 2, 3] and capped["commit"] == [4, 3, 4]
-    assert capped["tokens"] == [[1, 2, 3, 4], [1, 2, 3], [1, 2, 3, 4]]
-    assert capped["bonus"] == [4, 3, 4]
+def test_b8_decode_reservation_covers_the_draft_block(sglang_tmp):
+    """Width 8, block 16: upstream reserves 2 x 8 past the committed length; the draft
+    writes 16 slots after up to 8 of host lag, so 8 + 16 are reserved."""
+    r = run_py(RESERVE, sglang_tmp)
+    assert r["upstream_call"]
+    assert r["before"] == [[12, 80], [26, 80], 14]
+    assert r["after"] == [[12, 80], [34, 80], 22]
 
 
 def test_sglang_serve_exits_with_the_draft_error_before_serving(sglang_tmp, models):
