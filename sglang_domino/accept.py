@@ -27,21 +27,39 @@ def accept_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> tu
     return accepted, target_tokens.gather(1, accepted[:, None]).squeeze(1)
 
 
-def accept_sampled(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_logits: torch.Tensor,
+def accept_sampled(draft_tokens: torch.Tensor, draft_probs: Optional[torch.Tensor], target_logits: torch.Tensor,
                    params: SamplingParams, generator: Optional[torch.Generator] = None
                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`accept_probs` on the target's logits under `params`."""
+    return accept_probs(draft_tokens, draft_probs, to_probs(target_logits, params), generator)
+
+
+def accept_probs(draft_tokens: torch.Tensor, draft_probs: Optional[torch.Tensor], target_probs: torch.Tensor,
+                 generator: Optional[torch.Generator] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Speculative sampling (Leviathan et al. 2023): accept draft d ~ q with probability
     min(1, p(d)/q(d)); at the first rejection draw from norm(max(0, p - q)); after n
-    acceptances draw the bonus from p. The emitted tokens follow p exactly."""
+    acceptances draw the bonus from p. The emitted tokens follow p exactly.
+
+    `target_probs` [b, n+1, V] is p, already through temperature/top-k/top-p.
+    `draft_probs` [b, n, V] is q; None means a greedy draft (q a point mass on each
+    draft token: accept with probability p(d), on rejection draw from p without d)."""
     b, n = draft_tokens.shape
-    p = to_probs(target_logits, params)                                  # [b, n+1, V]
+    p = target_probs.float()
     p_d = p[:, :n].gather(-1, draft_tokens[..., None]).squeeze(-1)
-    q_d = draft_probs.gather(-1, draft_tokens[..., None]).squeeze(-1)
+    if draft_probs is None:
+        q_d = torch.ones_like(p_d)
+    else:
+        q_d = draft_probs.gather(-1, draft_tokens[..., None]).squeeze(-1).float()
     u = torch.rand((b, n), generator=generator, device=p.device)
     accepted = accepted_prefix(u * q_d < p_d)
     rows = torch.arange(b, device=p.device)
     p_next = p[rows, accepted]                                           # [b, V]
-    q_next = torch.cat([draft_probs.float(), torch.zeros_like(p[:, :1])], dim=1)[rows, accepted]
+    if draft_probs is None:
+        rejected = torch.cat([draft_tokens, draft_tokens.new_zeros(b, 1)], dim=1)[rows, accepted]
+        q_next = torch.zeros_like(p_next).scatter_(1, rejected[:, None], 1.0)
+        q_next[accepted == n] = 0
+    else:
+        q_next = torch.cat([draft_probs.float(), torch.zeros_like(p[:, :1])], dim=1)[rows, accepted]
     residual = (p_next - q_next).clamp_min(0)
     mass = residual.sum(-1, keepdim=True)
     # After n acceptances q_next is 0, so the residual is p itself (the bonus). A

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import sglang_domino.hf.generate as gen
-from sglang_domino.accept import accept_sampled
+from sglang_domino.accept import accept_probs, accept_sampled
 from sglang_domino.sampling import SamplingParams, sample, to_probs
 from sglang_domino.testing import tiny_draft, tiny_target
 
@@ -92,6 +92,24 @@ def test_full_acceptance_draws_the_bonus_from_p():
     assert bool((accepted == 2).all())
     probs = p_logits[2].softmax(-1)
     assert total_variation(torch.bincount(nxt, minlength=6).float(), probs) < null_threshold(probs, rows)
+
+
+def test_greedy_draft_as_a_point_mass():
+    """`draft_probs=None` (a greedy draft, as SGLang's DFLASH drafts propose) is the rule
+    with q one-hot on each draft token: same draws, and the target's distribution."""
+    p_logits, q = chain_distributions()
+    p = p_logits.softmax(-1)
+    rows, (n, vocab) = 200_000, q.shape
+    drafts = q.argmax(-1).expand(rows, n)
+    one_hot = torch.nn.functional.one_hot(drafts, vocab).float()
+    a1, t1 = accept_probs(drafts, one_hot, p.expand(rows, n + 1, vocab), torch.Generator().manual_seed(5))
+    a2, t2 = accept_probs(drafts, None, p.expand(rows, n + 1, vocab), torch.Generator().manual_seed(5))
+    assert torch.equal(a1, a2) and torch.equal(t1, t2)
+    first = torch.where(a2 > 0, drafts[:, 0], t2)
+    assert total_variation(torch.bincount(first, minlength=vocab).float(), p[0]) < null_threshold(p[0], rows)
+    kept = a2 > 0
+    second = torch.where(a2[kept] > 1, drafts[kept, 1], t2[kept])
+    assert total_variation(torch.bincount(second, minlength=vocab).float(), p[1]) < null_threshold(p[1], int(kept.sum()))
 
 
 # -- end to end: spec_generate against exact target probabilities ------------------------

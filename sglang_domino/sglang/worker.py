@@ -24,7 +24,14 @@ import os
 
 import torch
 from sglang.srt.runtime_context import get_spec
-from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+from sglang.srt.speculative.dflash_worker_v2 import (
+    SIMULATE_ACC_LEN,
+    DFlashWorkerV2,
+    SpecTpSyncSite,
+    _commit_accept,
+    _is_all_greedy,
+    is_dflash_sampling_verify_available,
+)
 from sglang.srt.speculative.draft_worker_common import make_draft_block_spec_info
 
 from ..config import DOMINO_PROJECTORS
@@ -260,6 +267,46 @@ class DominoDFlashWorker(DFlashWorkerV2):
             return out
 
         runner.forward = forward
+
+    def _accept_block(self, **kwargs):
+        """0.5.23 verifies sampled requests only with a CUDA/MUSA kernel
+        (`tree_speculative_sampling_target_only`, `dflash_utils.py:47`,
+        `dflash_worker_v2.py:2212-2224`); elsewhere it verifies them by greedy argmax,
+        which does not preserve the requested distribution. Without the kernel, verify
+        sampled batches with the project's accept rule (`sglang_domino.accept.accept_probs`,
+        the draft a point mass: DFLASH drafts propose greedily) over upstream's own target
+        probabilities (temperature, top-k, top-p: `build_speculative_verify_target_probs`,
+        `dflash_utils.py:1038`). Greedy rows of a mixed batch have top-k 1, a point mass
+        on the argmax, so they stay token for token the target's."""
+        sampling_info = kwargs["sampling_info"]
+        if (self._selector_sample is not None or kwargs.get("target_predict") is not None
+                or _is_all_greedy(sampling_info) or is_dflash_sampling_verify_available()
+                or SIMULATE_ACC_LEN > 0):
+            return super()._accept_block(**kwargs)
+        from sglang.srt.speculative.dflash_utils import build_speculative_verify_target_probs
+
+        from ..accept import accept_probs
+
+        candidates, bs, draft_input = kwargs["candidates"], int(kwargs["bs"]), kwargs["draft_input"]
+        width = int(candidates.shape[1])
+        target_probs = build_speculative_verify_target_probs(
+            next_token_logits=kwargs["next_token_logits"], sampling_info=sampling_info,
+            draft_token_num=width, bs=bs, max_top_k=draft_input.max_top_k,
+            uniform_top_k_value=draft_input.uniform_top_k_value)
+        accept_len, bonus = accept_probs(candidates[:, 1:], None, target_probs)
+        accept_len = accept_len.to(torch.int32)
+        # every TP rank must commit the same tokens (upstream syncs its sampled path alike)
+        self._tp_sync.sync(SpecTpSyncSite.DFLASH_ACCEPT_SAMPLE, accept_len)
+        self._tp_sync.sync(SpecTpSyncSite.DFLASH_ACCEPT_SAMPLE, bonus)
+        out_tokens, commit_lens = _commit_accept(candidates, accept_len, bonus)
+        return accept_len, commit_lens, bonus, out_tokens, None
+
+    def _validate_phase1_sampling_support(self, batch) -> None:
+        # Upstream warns that sampled requests fall back to greedy verification where its
+        # kernel is missing; `_accept_block` verifies them exactly instead.
+        if self.selector is None:
+            return None
+        return super()._validate_phase1_sampling_support(batch)
 
     def init_cuda_graphs(self):
         # The draft runner's graphs are captured `speculative_num_draft_tokens` wide

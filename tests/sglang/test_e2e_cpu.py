@@ -141,6 +141,54 @@ def test_accept_lengths_match_transformers_backend(spec, models):
     assert total_steps < len(HF_PROMPTS) * (MAX_TOKENS - 1)
 
 
+SAMPLED_PROMPT = [5, 77, 300, 41, 9]
+SAMPLED_ROWS = 240
+SAMPLING = {"temperature": 1.5, "top_k": 3}
+
+
+def _exact_next(target, ids):
+    """The target's own next-token distribution under SAMPLING."""
+    from sglang_domino.sampling import SamplingParams, to_probs
+
+    with torch.no_grad():
+        logits = target(torch.tensor([ids])).logits[0, -1]
+    return to_probs(logits, SamplingParams(**SAMPLING))
+
+
+def test_sampled_output_follows_the_target_distribution(spec, models):
+    """temperature > 0 on CPU: tokens 2 and 3 of each answer come out of speculative
+    verification (token 1 out of the prefill) and must follow the target's distribution
+    given what precedes them (0.5.23 alone verifies them by greedy argmax on CPU)."""
+    from collections import Counter, defaultdict
+
+    from scipy.stats import chi2
+
+    params = {"max_new_tokens": 3, "ignore_eos": True, **SAMPLING}
+    status, body = spec.post("/generate", {"input_ids": [SAMPLED_PROMPT] * SAMPLED_ROWS, "sampling_params": params})
+    assert status == 200, body
+    outs = [row["output_ids"] for row in body]
+    assert all(len(o) == 3 for o in outs)
+    verify_steps = sum(row["meta_info"]["spec_verify_ct"] for row in body)
+    assert 0 < verify_steps < 2 * SAMPLED_ROWS  # some steps accepted a draft token
+    groups = defaultdict(Counter)
+    for o in outs:
+        groups[tuple(o[:1])][o[1]] += 1
+        groups[tuple(o[:2])][o[2]] += 1
+    stat, dof, peak = 0.0, 0, 0.0
+    for prefix, counts in groups.items():
+        p = _exact_next(models["hf_target"], SAMPLED_PROMPT + list(prefix))
+        assert all(p[t] > 0 for t in counts), (prefix, counts)  # nothing outside top-k
+        support = (p > 0).nonzero().flatten()
+        n = sum(counts.values())
+        observed = torch.tensor([counts.get(int(t), 0) for t in support], dtype=torch.float64)
+        expected = n * p[support].double()
+        stat += float(((observed - expected) ** 2 / expected).sum())
+        dof += len(support) - 1
+        peak = max(peak, float(p.max()))
+    assert peak < 0.9  # the target is not near-greedy here: a greedy verify would fail
+    assert chi2.sf(stat, dof) > 1e-4, (spec.config, stat, dof)
+
+
 def _free_tokens(server):
     status, _ = server.post("/flush_cache", {})
     assert status == 200
