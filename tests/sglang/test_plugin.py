@@ -246,6 +246,11 @@ UPSTREAM = f"""
         capture_width="get_spec().speculative_num_draft_tokens" in inspect.getsource(
             __import__("sglang.srt.model_executor.runner.decode_cuda_graph_runner", fromlist=["x"]).DecodeCudaGraphRunner.__init__),
         plan=list(inspect.signature(__import__("sglang.srt.mem_cache.kv_index_translator", fromlist=["x"]).KVIndexTranslator.plan).parameters),
+        probs=list(inspect.signature(__import__("sglang.srt.speculative.dflash_utils", fromlist=["x"]).build_speculative_verify_target_probs).parameters),
+        accept=list(inspect.signature(w2.DFlashWorkerV2._accept_block).parameters),
+        sampled_guard="is_dflash_sampling_verify_available()" in inspect.getsource(w2.DFlashWorkerV2._accept_block),
+        validate_sampling=list(inspect.signature(w2.DFlashWorkerV2._validate_phase1_sampling_support).parameters),
+        commit=list(inspect.signature(w2._commit_accept).parameters),
         draft_forward="draft_out = self.draft_model_runner.forward(forward_batch)" in inspect.getsource(w2.DFlashWorkerV2.forward_batch_generation),
         init_params=list(inspect.signature(w2.DFlashWorkerV2.__init__).parameters),
         validate_bound=w2.validate_domino_runtime is du.validate_domino_runtime,
@@ -269,6 +274,12 @@ UPSTREAM = f"""
 def test_upstream_symbols_the_plugin_depends_on_are_still_there(sglang_tmp):
     r = run_py(UPSTREAM, sglang_tmp)
     assert r["max_tokens"] == ["self", "server_args"]
+    assert r["probs"] == ["next_token_logits", "sampling_info", "draft_token_num", "bs", "max_top_k",
+                          "uniform_top_k_value", "use_sparse_topk"]
+    assert r["accept"] == ["self", "candidates", "next_token_logits", "sampling_info", "draft_input",
+                           "prefix_lens", "bs", "target_predict"]
+    assert r["sampled_guard"] and r["validate_sampling"] == ["self", "batch"]
+    assert r["commit"] == ["candidates", "accept_len", "bonus_tokens"]
     assert r["spec_info"] == ["draft_token_num", "device"]
     assert r["spec_override"] and r["capture_width"] and r["draft_forward"]
     assert r["plan"] == ["self", "req_pool_indices", "seq_lens", "seq_lens_cpu", "write_virtual", "read_extent",
