@@ -143,11 +143,11 @@ RESOLVE = f"""
 """
 
 
-def resolve(tmp, models, cases, env=None) -> list[dict]:
+def resolve(tmp, models, cases, env=None, device="cpu") -> list[dict]:
     """Resolve each (draft path, extra args) case in one fresh sglang process."""
-    argvs = [["--model-path", models["target"], "--device", "cpu", "--speculative-algorithm", "DFLASH",
+    argvs = [["--model-path", models["target"], "--device", device, "--speculative-algorithm", "DFLASH",
               "--speculative-draft-model-path", draft, *extra] for draft, extra in cases]
-    return run_py(f"CASES = {argvs!r}\n" + textwrap.dedent(RESOLVE), tmp, argv=("sglang", "serve", "--device", "cpu"),
+    return run_py(f"CASES = {argvs!r}\n" + textwrap.dedent(RESOLVE), tmp, argv=("sglang", "serve", "--device", device),
                   **(env or {}))
 
 
@@ -169,6 +169,20 @@ def test_resolution_on_cpu_verify_width_and_its_limits(sglang_tmp, models):
     assert "verify width" in too_wide["error"]
     assert "larger than --speculative-dflash-block-size 8" in too_wide["error"]
     assert not compact["ok"] and "drop --speculative-draft-window-size" in compact["error"]
+
+
+def test_resolution_on_cuda_keeps_flashinfer_for_the_draft(sglang_tmp, models):
+    """The Qwen3.6-27B card's flags on a CUDA server (resolution only: no GPU here): the
+    draft gets FlashInfer attention (upstream's choice, left as is) and b8 still verifies 8."""
+    b8, b16 = resolve(sglang_tmp, models, [
+        (models["domino"], ["--attention-backend", "flashinfer", "--speculative-dflash-block-size", "16",
+                            "--speculative-num-draft-tokens", "8"]),
+        (models["dflash"], ["--attention-backend", "flashinfer", "--speculative-dflash-block-size", "16",
+                            "--speculative-num-draft-tokens", "16"]),
+    ], device="cuda")
+    assert b8 == {"ok": True, "num_draft_tokens": 8, "draft_backend": "flashinfer", "block": 8, "max_draft": 16,
+                  "draft_block": "16"}
+    assert b16 == {"ok": True, "num_draft_tokens": 16, "draft_backend": "flashinfer", "block": 16, "max_draft": 16}
 
 
 def test_resolution_of_the_transformers_window_option(sglang_tmp, models):
