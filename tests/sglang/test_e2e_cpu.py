@@ -219,12 +219,38 @@ def _stream(server, prompt, n, results, i):
     results[i] = (text, chunks)
 
 
+def _stream_and_abort(server, results):
+    """A long streamed /generate request, aborted through `/abort_request` (its rid) after
+    its first chunks, while the other streams run."""
+    rid = "sglang-domino-abort-me"
+    payload = {"rid": rid, "input_ids": [5, 77, 300, 41, 9], "stream": True,
+               "sampling_params": {"max_new_tokens": 1000, "temperature": 0, "ignore_eos": True}}
+    req = urllib.request.Request(server.url + "/generate", data=json.dumps(payload).encode(),
+                                 headers={"content-type": "application/json"})
+    chunks, last = 0, None
+    with urllib.request.urlopen(req, timeout=600) as r:
+        for raw in r:
+            line = raw.decode().strip()
+            if not line.startswith("data:") or line == "data: [DONE]":
+                continue
+            last = json.loads(line[5:])
+            chunks += 1
+            if chunks == 3:
+                status, _ = server.post("/abort_request", {"rid": rid})
+                assert status == 200
+    results["abort"] = (chunks, last["meta_info"])
+
+
 def test_concurrent_streams_complete_and_free_their_kv(spec, expected):
+    """8 streams of different lengths plus one aborted mid-stream: the 8 give the plain
+    server's text, the aborted one ends early with an abort, and every KV slot comes back."""
     prompts, lengths, want = STREAM_PROMPTS, STREAM_LENGTHS, expected["streams"]
     free_before, used_before = _free_tokens(spec)
     results = [None] * 8
+    aborted = {}
     threads = [threading.Thread(target=_stream, args=(spec, p, n, results, i))
                for i, (p, n) in enumerate(zip(prompts, lengths))]
+    threads.append(threading.Thread(target=_stream_and_abort, args=(spec, aborted)))
     for t in threads:
         t.start()
     for t in threads:
@@ -232,6 +258,9 @@ def test_concurrent_streams_complete_and_free_their_kv(spec, expected):
     assert all(r is not None for r in results)
     assert [r[0] for r in results] == want
     assert all(r[1] >= 1 for r in results)
+    chunks, meta = aborted["abort"]
+    assert meta["finish_reason"]["type"] == "abort", meta["finish_reason"]
+    assert meta["completion_tokens"] < 1000
     free_after, used_after = _free_tokens(spec)
     assert used_after == used_before == 0
     assert free_after == free_before
