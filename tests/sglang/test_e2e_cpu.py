@@ -202,20 +202,24 @@ def _free_tokens(server):
     return loads["max_total_num_tokens"] - loads["num_used_tokens"], loads["num_used_tokens"]
 
 
-def _stream(server, prompt, n, results, i):
-    payload = {"model": "default", "prompt": prompt, "max_tokens": n, "temperature": 0, "stream": True}
-    req = urllib.request.Request(server.url + "/v1/completions", data=json.dumps(payload).encode(),
+def _events(server, path, payload):
+    """The JSON events of a streamed (server-sent events) response."""
+    req = urllib.request.Request(server.url + path, data=json.dumps(payload).encode(),
                                  headers={"content-type": "application/json"})
-    text, chunks = "", 0
     with urllib.request.urlopen(req, timeout=600) as r:
         for raw in r:
             line = raw.decode().strip()
-            if not line.startswith("data:") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[5:])
-            if chunk.get("choices"):
-                text += chunk["choices"][0].get("text") or ""
-                chunks += 1
+            if line.startswith("data:") and line != "data: [DONE]":
+                yield json.loads(line[5:])
+
+
+def _stream(server, prompt, n, results, i):
+    payload = {"model": "default", "prompt": prompt, "max_tokens": n, "temperature": 0, "stream": True}
+    text, chunks = "", 0
+    for chunk in _events(server, "/v1/completions", payload):
+        if chunk.get("choices"):
+            text += chunk["choices"][0].get("text") or ""
+            chunks += 1
     results[i] = (text, chunks)
 
 
@@ -225,19 +229,12 @@ def _stream_and_abort(server, results):
     rid = "sglang-domino-abort-me"
     payload = {"rid": rid, "input_ids": [5, 77, 300, 41, 9], "stream": True,
                "sampling_params": {"max_new_tokens": 1000, "temperature": 0, "ignore_eos": True}}
-    req = urllib.request.Request(server.url + "/generate", data=json.dumps(payload).encode(),
-                                 headers={"content-type": "application/json"})
     chunks, last = 0, None
-    with urllib.request.urlopen(req, timeout=600) as r:
-        for raw in r:
-            line = raw.decode().strip()
-            if not line.startswith("data:") or line == "data: [DONE]":
-                continue
-            last = json.loads(line[5:])
-            chunks += 1
-            if chunks == 3:
-                status, _ = server.post("/abort_request", {"rid": rid})
-                assert status == 200
+    for last in _events(server, "/generate", payload):
+        chunks += 1
+        if chunks == 3:
+            status, _ = server.post("/abort_request", {"rid": rid})
+            assert status == 200
     results["abort"] = (chunks, last["meta_info"])
 
 
