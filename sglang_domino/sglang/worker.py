@@ -158,11 +158,6 @@ class DominoDFlashWorker(DFlashWorkerV2):
 
         target.forward_batch_generation = forward_batch_generation
 
-    @property
-    def verify_width(self) -> int:
-        """Tokens the target verifies per request and step (bonus + proposals)."""
-        return int(self.block_size)
-
     def _resolve_draft_block(self) -> int:
         """`self.block_size` is the verify window, what the scheduler accounts in
         (`speculative_num_draft_tokens`). The draft block differs from it in two modes,
@@ -176,11 +171,7 @@ class DominoDFlashWorker(DFlashWorkerV2):
         window = int(self.block_size)
         if not raw or int(raw) == window:
             return window
-        draft_block = int(raw)
-        if self.use_compact_draft_cache:
-            raise ValueError(
-                f"draft block {draft_block} != verify window {window} needs the full draft cache; "
-                "drop --speculative-draft-window-size")
+        draft_block = int(raw)  # argument resolution refused it with a compact draft cache
         if draft_block < window and not (self._is_domino and bool(self.draft_model.shift_label)
                                          and window == draft_block + 1):
             raise ValueError(
