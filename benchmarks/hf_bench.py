@@ -117,7 +117,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     clock0 = time.time()
     procs = []
     for shard in range(shards):
-        env = dict(os.environ)
+        # The shards must write where this process reads: without OUT_DIR each one would
+        # name its own timestamped directory, a second later.
+        env = {**os.environ, "OUT_DIR": cfg.out_dir}
         device = "cpu"
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = str(shard)

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -114,6 +115,39 @@ def test_hf_benchmark_script_end_to_end(tiny_checkpoints, tmp_path):
     assert all(r.verify_steps > 0 for r in records if r.method != "target-only")
     assert report.main([str(out / "records.jsonl"), "--check", str(out / "summary.md")]) == 0
     assert (out / "speedup_c1.png").stat().st_size > 1000
+
+
+def test_hf_benchmark_shards_write_where_the_launcher_reads(monkeypatch, tmp_path):
+    """Without OUT_DIR the launcher names a timestamped directory; a shard started a second
+    later must still write into it (it used to derive its own name from the clock)."""
+    from benchmarks import hf_bench, settings
+
+    ticks = iter(range(100))
+    monkeypatch.setattr(settings.time, "strftime", lambda fmt: fmt.replace("%Y%m%d-%H%M%S", f"t{next(ticks)}"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "p.jsonl").write_text(json.dumps({"prompt": "x"}) + "\n")
+    for name, value in {"TARGET_MODEL": "t", "DRAFT_MODEL": "d", "TASKS": "gsm8k:1", "NUM_GPUS": "1",
+                        "GSM8K_PATH": str(tmp_path / "p.jsonl")}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("OUT_DIR", raising=False)
+
+    class Shard:   # what a shard process does with the environment it is given
+        def __init__(self, args, env):
+            self.args = args
+            cfg = hf_bench.HFBenchConfig.from_env(env)
+            os.makedirs(cfg.out_dir, exist_ok=True)
+            write(os.path.join(cfg.out_dir, f"records.shard{args[4]}.jsonl"), [Record(
+                backend="hf", method="target-only", task="gsm8k", concurrency=1, repeat=0, prompt_index=0,
+                prompt_tokens=1, completion_tokens=4, verify_steps=0, accepted_tokens=0, start_s=0.0, end_s=1.0,
+                latency_s=1.0, tok_per_s=4.0)])
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(hf_bench, "subprocess", types.SimpleNamespace(Popen=Shard))
+    assert hf_bench.main([]) == 0
+    (out,) = list((tmp_path / "benchmarks" / "results").iterdir())
+    assert len(read(str(out / "records.jsonl"))) == 1
 
 
 def test_hf_benchmark_rejects_bad_tasks(tiny_checkpoints, tmp_path):
