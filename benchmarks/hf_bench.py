@@ -2,10 +2,10 @@
 
 Environment (defaults in brackets): DRAFT_MODEL and TARGET_MODEL [the CPU test bed; a
 comma-separated DRAFT_MODEL benchmarks several drafts], TASKS [gsm8k:128, or
-heldout:16,humaneval:16 on the test bed], MAX_NEW_TOKENS [2048], TEMPERATURE [0.0],
+heldout:16 on the test bed], MAX_NEW_TOKENS [2048], TEMPERATURE [0.0],
 BLOCK_SIZE [16: the verify width], NUM_GPUS [8: prompts sharded over GPUs, one process
-each; 1 process without CUDA], REPEATS [1], DTYPE [auto], CHAT_TEMPLATE [1; 0 on the test
-bed], ENABLE_THINKING [0], OUT_DIR [benchmarks/results/hf-<time>].
+each; 1 process without CUDA], REPEATS [1], DTYPE [auto], CHAT_TEMPLATE [1],
+ENABLE_THINKING [0], OUT_DIR [benchmarks/results/hf-<time>].
 
 For fairness the baseline is plain target decoding (one cached forward per token) on
 the same prompts, chat template, thinking setting, dtype and max_new_tokens; every

@@ -6,7 +6,7 @@ included) and the share of decode time spent outside the target's forward passes
 
     python -m benchmarks.hf_cpu                       # tiny random models (plumbing only)
     python -m benchmarks.hf_cpu --target T --draft D1 --draft D2 [--task heldout]
-    python -m benchmarks.hf_cpu --testbed                # the CPU test bed, held-out prompts
+    python -m benchmarks.hf_cpu --testbed                # the CPU test bed, held-out requests
 
 The baseline is plain greedy decoding with a KV cache (one target forward per token),
 never the speculative loop with a block of 1.
@@ -24,7 +24,7 @@ import torch
 from .decode import speculative_decode, target_only_decode
 from .machine import machine
 from .settings import resolve_models
-from .tasks import load_prompts
+from .tasks import load_prompts, render
 
 
 def measure(result: dict) -> dict:
@@ -45,19 +45,20 @@ def load(args):
         target = tiny_target()
         drafts = {"dflash": tiny_draft(target, "dflash", block_size=16), "domino": tiny_draft(target, "domino", block_size=16)}
         g = torch.Generator().manual_seed(0)
-        return target, drafts, [torch.randint(0, 250, (1, 32), generator=g) for _ in range(args.num_prompts)]
+        return target, drafts, [torch.randint(0, 250, (1, 32), generator=g) for _ in range(args.num_prompts)], []
     target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(args.target)
     drafts = {os.path.basename(os.path.normpath(p)): DFlashDraftModel.from_pretrained(p, dtype=torch.float32) for p in args.draft}
-    texts = load_prompts(args.task, args.num_prompts)
-    return target, drafts, [tok(t, return_tensors="pt").input_ids for t in texts]
+    texts = [render(tok, t, chat=True, enable_thinking=False) for t in load_prompts(args.task, args.num_prompts)]
+    return target, drafts, [tok(t, return_tensors="pt", add_special_tokens=False).input_ids for t in texts], \
+        [tok.eos_token_id]
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target")
     parser.add_argument("--draft", action="append", default=[])
-    parser.add_argument("--task", default="heldout", help="a task of benchmarks/tasks.py (raw prompts, no chat template)")
+    parser.add_argument("--task", default="heldout", help="a task of benchmarks/tasks.py (in the target's chat template)")
     parser.add_argument("--testbed", action="store_true", help="run the CPU test bed's target and drafts")
     parser.add_argument("--num-prompts", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=64)
@@ -68,10 +69,11 @@ def main(argv=None) -> None:
     torch.set_num_threads(args.threads)
     if args.testbed:
         args.target, args.draft, _ = resolve_models({})
-    target, drafts, prompts = load(args)
-    methods = {"target-only": lambda ids: measure(target_only_decode(target, ids, args.max_new_tokens, (), args.temperature))}
+    target, drafts, prompts, stops = load(args)
+    methods = {"target-only": lambda ids: measure(target_only_decode(target, ids, args.max_new_tokens, stops, args.temperature))}
     for name, draft in drafts.items():
-        methods[name] = lambda ids, d=draft: measure(speculative_decode(d, target, ids, args.max_new_tokens, (), args.temperature))
+        methods[name] = lambda ids, d=draft: measure(speculative_decode(d, target, ids, args.max_new_tokens, stops,
+                                                                        args.temperature))
     results = {}
     with torch.inference_mode():
         for name, run in methods.items():

@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from .tasks import parse_tasks, testbed_dir
+from .tasks import parse_tasks
 
 
 class BenchSettings(BaseModel):
@@ -30,7 +30,7 @@ class BenchSettings(BaseModel):
         return dict(draft_models=drafts, target_model=target, tasks=default_tasks(env, on_testbed),
                     max_new_tokens=int(env.get("MAX_NEW_TOKENS", 2048)), temperature=float(env.get("TEMPERATURE", 0.0)),
                     block_size=int(env.get("BLOCK_SIZE", 16)), repeats=int(env.get("REPEATS", 1)),
-                    chat_template=use_chat_template(env, on_testbed), enable_thinking=flag(env, "ENABLE_THINKING", False),
+                    chat_template=flag(env, "CHAT_TEMPLATE", True), enable_thinking=flag(env, "ENABLE_THINKING", False),
                     out_dir=env.get("OUT_DIR") or os.path.join("benchmarks", "results", time.strftime(f"{prefix}-%Y%m%d-%H%M%S")))
 
 
@@ -41,25 +41,18 @@ def resolve_models(env) -> tuple[str, list[str], bool]:
         raise SystemExit("DRAFT_MODEL and TARGET_MODEL: set both, or neither to use the CPU test bed")
     if env.get("TARGET_MODEL"):
         return env["TARGET_MODEL"], [d for d in env["DRAFT_MODEL"].split(",") if d], False
-    from benchmarks.testbed.load import find
+    from benchmarks.testbed.load import committed
 
-    bed = testbed_dir()
-    target, drafts = os.path.join(bed, "target"), [os.path.join(bed, "dflash"), os.path.join(bed, "domino")]
-    if find("full") is None:
-        raise SystemExit(f"the CPU test bed is not built in {bed} (DOMINO_TESTBED_DIR): run "
-                         "benchmarks/build_testbed.sh, or set DRAFT_MODEL and TARGET_MODEL")
-    return target, drafts, True
-
-
-def use_chat_template(env, on_testbed: bool) -> bool:
-    """CHAT_TEMPLATE=1/0; by default on, as the model cards run, except on the test bed, whose
-    target is a plain code model trained on raw source text."""
-    return flag(env, "CHAT_TEMPLATE", not on_testbed)
+    try:
+        bed = committed()
+    except FileNotFoundError as err:
+        raise SystemExit(f"{err}; or set DRAFT_MODEL and TARGET_MODEL") from None
+    return str(bed / "target"), [str(bed / "dflash"), str(bed / "domino")], True
 
 
 def default_tasks(env, on_testbed: bool) -> list[tuple[str, int]]:
     """TASKS, else the model cards' default (gsm8k:128), or what the test bed can run offline."""
-    return parse_tasks(env.get("TASKS") or ("heldout:16,humaneval:16" if on_testbed else "gsm8k:128"))
+    return parse_tasks(env.get("TASKS") or ("heldout:16" if on_testbed else "gsm8k:128"))
 
 
 def flag(env, name: str, default: bool) -> bool:

@@ -2,10 +2,10 @@
 
 Environment (defaults in brackets): DRAFT_MODEL and TARGET_MODEL [the CPU test bed; a
 comma-separated DRAFT_MODEL benchmarks several drafts], TASKS [gsm8k:128, or
-heldout:16,humaneval:16 on the test bed], MAX_NEW_TOKENS [2048], TEMPERATURE [0.0],
+heldout:16 on the test bed], MAX_NEW_TOKENS [2048], TEMPERATURE [0.0],
 CONCURRENCIES [1,2,4,8,16,32], BLOCK_SIZE [16], VERIFY_TOKENS [= BLOCK_SIZE; 8 for "b8"],
 TP_SIZE [1], REPEATS [1], SERVER_ARGS [extra flags for every server], PYTHON, CHAT_TEMPLATE
-[1; 0 on the test bed], ENABLE_THINKING [0], OUT_DIR [benchmarks/results/sglang-<time>],
+[1], ENABLE_THINKING [0], OUT_DIR [benchmarks/results/sglang-<time>],
 SERVER_TIMEOUT [600 s].
 
 Fair by construction: one launch recipe with identical flags for every method (the
@@ -20,17 +20,15 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import signal
-import socket
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from typing import Optional
 
 import requests
 from pydantic import Field
+
+from sglang_domino.launch import free_port, server
 
 from .hf_bench import method_name
 from .machine import machine
@@ -85,50 +83,6 @@ def _has_cuda() -> bool:
         return torch.cuda.is_available()
     except ImportError:
         return False
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextmanager
-def server(cmd: list[str], port: int, timeout: float, log_path: str):
-    """A fresh server process for one method; stopped by its own PID (and process group)."""
-    log = open(log_path, "w", encoding="utf-8")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + timeout
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited with code {proc.returncode} before becoming healthy; "
-                                   f"see {log_path}:\n{_tail(log_path)}")
-            try:
-                if requests.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            if time.time() > deadline:
-                raise RuntimeError(f"server at {url} did not become healthy within {timeout:.0f} s "
-                                   f"(SERVER_TIMEOUT); see {log_path}:\n{_tail(log_path)}")
-            time.sleep(1)
-        yield url
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        log.close()
-
-
-def _tail(path: str, lines: int = 15) -> str:
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        return "".join(fh.readlines()[-lines:])
 
 
 def generate(url: str, text: str, cfg: SGLangBenchConfig) -> dict:

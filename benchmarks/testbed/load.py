@@ -9,6 +9,8 @@ from typing import Optional
 import torch
 
 from .build import is_complete, read_manifest
+from .release import CHECKPOINTS
+from .release import is_complete as is_released
 from .spec import PRESETS, build_dir
 
 
@@ -20,6 +22,14 @@ class Testbed:
     dflash: object
     domino: object
     manifest: dict
+
+
+def committed() -> Path:
+    """The test bed committed in the repository (`benchmarks/testbed/checkpoints`)."""
+    if not is_released(CHECKPOINTS):
+        raise FileNotFoundError(f"{CHECKPOINTS} is incomplete: restore it with `git checkout -- {CHECKPOINTS}` "
+                                "or rebuild it with benchmarks/build_testbed.sh")
+    return CHECKPOINTS
 
 
 def find(preset: str = "full", root: Optional[Path] = None) -> Optional[Path]:

@@ -10,9 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 EOS = "<|endoftext|>"
-SPECIALS = [EOS, "<|im_start|>", "<|im_end|>"]
-# ChatML, as Qwen3 writes it; the test bed only uses plain completion, but the saved
-# target behaves like a chat model for tools that apply a template.
+IM_END = "<|im_end|>"
+SPECIALS = [EOS, "<|im_start|>", IM_END]
+# ChatML, as Qwen3 writes it (the codechat corpus is rendered the same way).
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
@@ -21,7 +21,9 @@ CHAT_TEMPLATE = (
 )
 
 
-def train_tokenizer(texts: list[str], vocab_size: int, max_length: int = 4096):
+def train_tokenizer(texts: list[str], vocab_size: int, max_length: int = 4096, eos: str = EOS):
+    """`eos` is the token generation stops at: `<|im_end|>` for a chat corpus (as Qwen3's
+    tokenizer has it), `<|endoftext|>` for plain text. Padding is always `<|endoftext|>`."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -31,7 +33,7 @@ def train_tokenizer(texts: list[str], vocab_size: int, max_length: int = 4096):
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(texts, trainer=trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=EOS, bos_token=None,
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos, pad_token=EOS, bos_token=None,
                                    unk_token=None, chat_template=CHAT_TEMPLATE, model_max_length=max_length)
 
 

@@ -74,10 +74,14 @@ def spec_generate(draft, target, input_ids: torch.Tensor, max_new_tokens: int = 
                   attention_mask: Optional[torch.Tensor] = None,
                   num_verify_tokens: Optional[int] = None, mask_token_id: Optional[int] = None,
                   pad_token_id: Optional[int] = None, generator: Optional[torch.Generator] = None,
-                  return_stats: bool = False):
+                  greedy_draft: bool = False, return_stats: bool = False):
     cfg = draft.config
     cfg.check_target(target.config)
     params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
+    # greedy_draft: at temperature > 0 the draft still proposes its argmaxes and each one is
+    # verified as a point mass (accepted with probability p(d)), as SGLang 0.5.23 does for
+    # DFLASH; the output follows p either way, only the acceptance differs.
+    propose_params = SamplingParams() if greedy_draft else params
     mask_id = mask_token_id if mask_token_id is not None else cfg.mask_token_id
     if mask_id is None:
         raise DraftConfigError("dflash_config.mask_token_id: missing, expected a token id (or pass mask_token_id=)")
@@ -133,7 +137,7 @@ def spec_generate(draft, target, input_ids: torch.Tensor, max_new_tokens: int = 
 
         # -- draft_block --------------------------------------------------------------
         t0 = timer.now()
-        proposal = draft_block(draft, target, pending, next_pos, context, n, mask_id, params, generator)
+        proposal = draft_block(draft, target, pending, next_pos, context, n, mask_id, propose_params, generator)
         t1 = timer.now()
 
         # -- verify -----------------------------------------------------------------

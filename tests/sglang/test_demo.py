@@ -1,0 +1,57 @@
+"""`./scripts/demo.sh` (python -m sglang_domino.demo) on the committed test bed: real
+`sglang serve` processes, the OpenAI client, and the measured table; nothing left running."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+from conftest import server_env
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _demo(args, tmp, timeout=900):
+    cmd = [sys.executable, "-m", "sglang_domino.demo", "--log-dir", os.path.join(tmp, "demo-logs"), *args]
+    return subprocess.run(cmd, cwd=ROOT, env=server_env(tmp), capture_output=True, text=True, timeout=timeout)
+
+
+def _listening(port: int) -> bool:
+    return any(c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
+               for c in psutil.net_connections(kind="tcp"))
+
+
+@pytest.mark.sglang_e2e
+def test_demo_serves_the_test_bed_and_reports_identical_outputs(sglang_tmp):
+    port = 30000 + os.getpid() % 1000
+    proc = _demo(["--prompts", "2", "--tokens", "48", "--port", str(port)], sglang_tmp)
+    out = proc.stdout
+    assert proc.returncode == 0, out[-3000:] + proc.stderr[-3000:]
+    # The OpenAI client's completion and streamed chat completion answered with code.
+    assert "POST /v1/completions" in out and "POST /v1/chat/completions" in out and "```python" in out
+    table = out.split("=== sglang serve --device cpu")[1]
+    for name in ("no speculation", "Domino", "DFlash"):
+        assert re.search(rf"^{name}\s+\d+\.\d\s+\d+\.\d\dx", table, re.M), table
+    assert table.count("identical to no speculation: 2 of 2") == 2
+    accept = float(re.search(r"^Domino\s+\S+\s+\S+\s+(\d+\.\d\d)", table, re.M).group(1))
+    assert accept > 2.0
+    assert not _listening(port)
+    left = [p.pid for p in psutil.process_iter(["cmdline"]) if "--port" in (p.info["cmdline"] or [])
+            and str(port) in p.info["cmdline"]]
+    assert not left, f"demo servers still running: {left}"
+
+
+def test_demo_refuses_a_busy_port_with_a_clear_message(sglang_tmp):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        proc = _demo(["--port", str(port)], sglang_tmp, timeout=300)
+    assert proc.returncode == 1
+    assert f"port {port} on 127.0.0.1 is busy" in proc.stderr and "--port" in proc.stderr
