@@ -97,8 +97,6 @@ def stage_draft(spec: TestbedSpec, out: Path, kind: str) -> dict:
     from sglang_domino.train.config import TrainConfig
     from sglang_domino.train.loop import train
 
-    from .target import cpu_has_bf16
-
     d = spec.draft
     t = spec.target
     cfg = TrainConfig(
@@ -107,9 +105,7 @@ def stage_draft(spec: TestbedSpec, out: Path, kind: str) -> dict:
         mask_token_id=t.vocab_size - 1, target_layer_ids=_layer_ids(t.num_layers, d.num_layers),
         gru_hidden_dim=d.gru_hidden_dim, emb_dim=d.emb_dim, shift_label=True,
         max_steps=d.steps, batch_size=d.batch_size, num_anchors=d.num_anchors, learning_rate=d.lr,
-        # bf16 autocast where the CPU has AMX / AVX512-BF16, as for the target (target.py).
-        dtype="bfloat16" if cpu_has_bf16() else "float32", seed=spec.seed + (11 if kind == "dflash" else 12),
-        save_every=0,
+        dtype="float32", seed=spec.seed + (11 if kind == "dflash" else 12), save_every=0,
         max_length=_longest_record(out / "train.jsonl"),
     )
     return train(cfg)
