@@ -24,7 +24,7 @@ def testbed():
 
 @pytest.fixture(scope="module")
 def tiny_build(tmp_path_factory):
-    return build("tiny", root=tmp_path_factory.mktemp("testbed"))
+    return build("tiny", root=tmp_path_factory.mktemp("testbed"), threads=1)
 
 
 def test_stdlib_split_is_deterministic_disjoint_and_skips_tests():
@@ -75,6 +75,18 @@ def test_build_pipeline_records_each_stage_and_publishes_a_loadable_test_bed(tin
     config = json.loads((out / "target" / "config.json").read_text())
     assert config["dtype"] == "bfloat16" and "config" not in read_manifest(out)["stages"]["dflash"]
     assert json.loads((out / "domino" / "config.json").read_text())["dtype"] == "bfloat16"
+
+
+def test_a_rebuild_with_the_same_recipe_and_seed_gives_the_same_weights(tiny_build, tmp_path):
+    """What `benchmarks/build_testbed.sh` promises of the committed test bed (shown on the
+    `tiny` preset: same machine, same thread count)."""
+    from safetensors.torch import load_file
+
+    again = build("tiny", root=tmp_path, threads=1)
+    for part in PARTS:
+        a, b = load_file(tiny_build / part / "model.safetensors"), load_file(again / part / "model.safetensors")
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), part
+    assert (tiny_build / "train.jsonl").read_text() == (again / "train.jsonl").read_text()
 
 
 def test_committed_test_bed_is_the_current_recipe_and_small(testbed):
