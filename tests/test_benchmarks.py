@@ -216,7 +216,7 @@ def test_gpu_check_script_smoke_runs_on_cpu():
     assert proc.stdout.strip().endswith("PASS") and "[rollout] domino sampled bs=32" in proc.stdout
 
 
-@pytest.mark.parametrize("run", ["hf-testbed", "sglang-testbed", "sglang-testbed-b8"])
+@pytest.mark.parametrize("run", ["hf-testbed", "sglang-testbed", "sglang-testbed-b8", "sglang-testbed-bf16"])
 def test_checked_in_results_reproduce_from_their_records(run):
     folder = os.path.join(ROOT, "benchmarks", "results", run)
     assert report.main([os.path.join(folder, "records.jsonl"), "--check", os.path.join(folder, "summary.md")]) == 0
