@@ -82,7 +82,7 @@ def serve_command(target: str, draft: str | None, port: int) -> list[str]:
 
 def _progress(name: str):
     tty = sys.stdout.isatty()
-    shown = [-1.0]
+    shown = [-15.0]
 
     def show(seconds: float) -> None:
         if tty:
@@ -236,8 +236,10 @@ def main(argv=None) -> int:
     if not port_is_free(args.port):
         print(f"[demo] port {args.port} on {HOST} is busy: stop what listens there or pass --port N", file=sys.stderr)
         return 1
-    # SIGTERM (a closed terminal, `kill`) unwinds like Ctrl-C, so the running server is stopped.
+    # SIGTERM (`kill`) unwinds like Ctrl-C, so the running server is stopped; SIGINT is set
+    # explicitly because a shell starts background jobs with it ignored.
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         run_sglang(args, target, drafts, requests_)
     except KeyboardInterrupt:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import psutil
 import pytest
@@ -30,6 +32,7 @@ def _listening(port: int) -> bool:
 @pytest.mark.sglang_e2e
 def test_demo_serves_the_test_bed_and_reports_identical_outputs(sglang_tmp):
     port = 30000 + os.getpid() % 1000
+    before = {p.pid for p in psutil.process_iter()}
     proc = _demo(["--prompts", "2", "--tokens", "48", "--port", str(port)], sglang_tmp)
     out = proc.stdout
     assert proc.returncode == 0, out[-3000:] + proc.stderr[-3000:]
@@ -41,10 +44,48 @@ def test_demo_serves_the_test_bed_and_reports_identical_outputs(sglang_tmp):
     assert table.count("identical to no speculation: 2 of 2") == 2
     accept = float(re.search(r"^Domino\s+\S+\s+\S+\s+(\d+\.\d\d)", table, re.M).group(1))
     assert accept > 2.0
-    assert not _listening(port)
-    left = [p.pid for p in psutil.process_iter(["cmdline"]) if "--port" in (p.info["cmdline"] or [])
+    assert not _listening(port) and not _left_since(before)
+
+
+def _servers_on(port: int) -> list[int]:
+    """`sglang serve` processes started for `port` (their scheduler children carry no port)."""
+    return [p.pid for p in psutil.process_iter(["cmdline"]) if "serve" in (p.info["cmdline"] or [])
             and str(port) in p.info["cmdline"]]
-    assert not left, f"demo servers still running: {left}"
+
+
+def _left_since(before: set[int], wait: float = 15.0) -> list[str]:
+    """Processes started after `before` was taken that are still alive (after a grace period)."""
+    deadline = time.time() + wait
+    while True:
+        left = []
+        for p in psutil.process_iter(["cmdline", "status"]):
+            if p.pid not in before and p.pid != os.getpid() and p.info["status"] != psutil.STATUS_ZOMBIE:
+                left.append(f"{p.pid} {' '.join(p.info['cmdline'] or [])[:120]}")
+        if not left or time.time() > deadline:
+            return left
+        time.sleep(0.5)
+
+
+@pytest.mark.sglang_e2e
+def test_demo_interrupted_while_a_server_starts_leaves_nothing_running(sglang_tmp):
+    port = 31000 + os.getpid() % 1000
+    cmd = [sys.executable, "-m", "sglang_domino.demo", "--log-dir", os.path.join(sglang_tmp, "demo-int"),
+           "--port", str(port)]
+    before = {p.pid for p in psutil.process_iter()}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=server_env(sglang_tmp), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in proc.stdout:
+            if "starting the Domino server" in line:
+                break
+        assert _servers_on(port), "the Domino server was not started"
+        proc.send_signal(signal.SIGINT)     # what Ctrl-C sends
+        rest = proc.communicate(timeout=120)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130 and "interrupted; the server was stopped" in rest
+    assert not _listening(port) and not _left_since(before)
 
 
 def test_demo_refuses_a_busy_port_with_a_clear_message(sglang_tmp):
