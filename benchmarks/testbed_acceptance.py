@@ -158,8 +158,8 @@ def markdown(report: dict) -> str:
               "- Verify 16 = bonus + 15 drafts for both drafts (SGLang's width); 8 = bonus + 7.",
               "- The last column counts answers (Domino's run; greedy rows equal the target's own) with a "
               "Python block that `ast.parse` accepts.",
-              "", "First held-out request and the target's greedy answer (T = 0):", "", "```",
-              report["example"]["request"], "", report["example"]["answer"], "```", ""]
+              "", "First held-out request and the target's greedy answer (T = 0):", "", "````text",
+              report["example"]["request"], "", report["example"]["answer"], "````", ""]
     return "\n".join(lines)
 
 

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from .launch import HOST, port_is_free, server
 
 # float32: the committed test bed is stored in bf16, and `--dtype auto` would serve it in
-# bf16, where batching alone changes greedy output; float32 keeps outputs comparable token
-# for token (bf16 -> fp32 is exact, so these are the same weights).
+# bf16, whose rounding can differ between a verify pass and a one-token decode; float32
+# keeps outputs comparable token for token (bf16 -> fp32 is exact: the same weights).
 DTYPE = "float32"
 STARTUP_TIMEOUT = 300
 

@@ -5,7 +5,7 @@ Two corpora, both on every machine with no download:
   (`codechat.py`), held out by task;
 - `stdlib`: the Python standard library's own source files, held out by a hash of the
   file's path relative to the stdlib root (kept to reproduce the comparison in the README:
-  at the same training budget the stdlib target writes loops and whitespace).
+  at the same training budget the stdlib target repeats lines and is far less certain).
 """
 
 from __future__ import annotations

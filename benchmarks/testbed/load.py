@@ -4,14 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 import torch
 
-from .build import is_complete, read_manifest
-from .release import CHECKPOINTS
-from .release import is_complete as is_released
-from .spec import PRESETS, build_dir
+from .build import read_manifest
+from .release import CHECKPOINTS, is_complete
 
 
 @dataclass
@@ -26,16 +23,10 @@ class Testbed:
 
 def committed() -> Path:
     """The test bed committed in the repository (`benchmarks/testbed/checkpoints`)."""
-    if not is_released(CHECKPOINTS):
+    if not is_complete(CHECKPOINTS):
         raise FileNotFoundError(f"{CHECKPOINTS} is incomplete: restore it with `git checkout -- {CHECKPOINTS}` "
                                 "or rebuild it with benchmarks/build_testbed.sh")
     return CHECKPOINTS
-
-
-def find(preset: str = "full", root: Optional[Path] = None) -> Optional[Path]:
-    """The cached build of `preset` if it is complete and matches the current spec."""
-    out = build_dir(preset, root)
-    return out if is_complete(out, PRESETS.get(preset)) else None
 
 
 def load(path: Path) -> Testbed:

@@ -54,13 +54,15 @@ def _servers_on(port: int) -> list[int]:
 
 
 def _left_since(before: set[int], wait: float = 15.0) -> list[str]:
-    """Processes started after `before` was taken that are still alive (after a grace period)."""
+    """SGLang processes (the server, its `sglang::scheduler` and `sglang::detokenizer`
+    children) started after `before` was taken and still alive after a grace period."""
     deadline = time.time() + wait
     while True:
         left = []
         for p in psutil.process_iter(["cmdline", "status"]):
-            if p.pid not in before and p.pid != os.getpid() and p.info["status"] != psutil.STATUS_ZOMBIE:
-                left.append(f"{p.pid} {' '.join(p.info['cmdline'] or [])[:120]}")
+            cmdline = " ".join(p.info["cmdline"] or [])
+            if p.pid not in before and "sglang" in cmdline and p.info["status"] != psutil.STATUS_ZOMBIE:
+                left.append(f"{p.pid} {cmdline[:120]}")
         if not left or time.time() > deadline:
             return left
         time.sleep(0.5)
@@ -79,6 +81,10 @@ def test_demo_interrupted_while_a_server_starts_leaves_nothing_running(sglang_tm
             if "starting the Domino server" in line:
                 break
         assert _servers_on(port), "the Domino server was not started"
+        # Interrupt once the server has spawned its scheduler: the children must go too.
+        deadline = time.time() + 180
+        while not any("sglang::scheduler" in p for p in _left_since(before, wait=0)) and time.time() < deadline:
+            time.sleep(0.5)
         proc.send_signal(signal.SIGINT)     # what Ctrl-C sends
         rest = proc.communicate(timeout=120)[0]
     finally:
