@@ -27,6 +27,7 @@ import functools
 import hashlib
 import random
 from dataclasses import dataclass, field
+from typing import Callable
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 
@@ -44,7 +45,7 @@ class Task:
     name: str
     describe: str                  # "returns the sum of ..."
     instruct: str                  # "return the sum of ..."
-    answers: dict[str, "callable"]  # style -> (rng, param, loop variable) -> Answer
+    answers: dict[str, Callable[[str, str], Answer]]  # style -> (parameter, loop variable) -> Answer
     names: tuple = (["nums", "numbers", "values", "xs", "data"], ["n", "x", "v", "num", "value"])
 
 
@@ -106,7 +107,7 @@ def _number_task(agg: str, flt: str, tr: str, k: int) -> Task:
     if agg == "count":
         expr_t = "{v}"
 
-    def loop(rng, param, v):
+    def loop(param, v):
         cond = cond_t.format(v=v, k=k) if cond_t else None
         expr = expr_t.format(v=v)
         body = {
@@ -136,7 +137,7 @@ def _number_task(agg: str, flt: str, tr: str, k: int) -> Task:
         lines.append(f"    {ret}")
         return Answer("\n".join(lines), "loop", [AGGREGATES[agg][1]])
 
-    def builtin(rng, param, v):
+    def builtin(param, v):
         cond = cond_t.format(v=v, k=k) if cond_t else None
         expr = expr_t.format(v=v)
         gen = f"{expr} for {v} in {param}" + (f" if {cond}" if cond else "")
@@ -165,7 +166,7 @@ def _number_task(agg: str, flt: str, tr: str, k: int) -> Task:
 def _string_tasks() -> list[Task]:
     def t(sig, names, name, describe, instruct, loop, builtin, note):
         def mk(body, style):
-            return lambda rng, param, v: Answer(
+            return lambda param, v: Answer(
                 f'def {name}({param}):\n    """{_sentence(instruct)}"""\n' + body.format(p=param, v=v), style, [note])
         return Task(sig, name, describe, instruct, {"loop": mk(loop, "loop"), "builtin": mk(builtin, "builtin")}, names)
 
@@ -265,7 +266,7 @@ def _class_task(cls: str, methods: tuple[str, ...]) -> Task:
     word = "methods" if len(methods) > 1 else "method"
     describe = f"implements {what} with {listed} {word}"
 
-    def answer(rng, param, v):
+    def answer(param, v):
         head = "from collections import deque\n\n\n" if cls == "Queue" else ""
         lines = [f"class {cls}:", f'    """{what[0].upper() + what[1:]}."""', "", "    def __init__(self):", f"        {init}"]
         for m in methods:
@@ -381,7 +382,7 @@ def conversation(kind: tuple, rng: random.Random) -> list[dict]:
     else:
         request = rng.choice(REQUESTS).format(name=task.name, describe=task.describe, instruct=task.instruct)
         names = (rng.choice(task.names[0]), rng.choice(task.names[1]))
-    answer = task.answers[style](rng, *names)
+    answer = task.answers[style](*names)
     messages = [{"role": "user", "content": request},
                 {"role": "assistant", "content": _answer_text(rng.choice(OPENERS[style]).format(name=task.name),
                                                              answer, rng.choice(CLOSERS[style]))}]
@@ -392,7 +393,7 @@ def conversation(kind: tuple, rng: random.Random) -> list[dict]:
                           + _type_hints(answer.code, kind) + "\n```"}]
         else:
             other = "builtin" if style == "loop" else "loop"
-            second = task.answers[other](rng, *names)
+            second = task.answers[other](*names)
             ask = FOLLOWUPS["other"][0 if style == "loop" else 1]
             messages += [{"role": "user", "content": ask},
                          {"role": "assistant", "content": _answer_text(rng.choice(OPENERS[other]).format(name=task.name),
