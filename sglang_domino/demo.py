@@ -39,6 +39,7 @@ STARTUP_TIMEOUT = 300
 class Run:
     name: str
     texts: list[str] = field(default_factory=list)
+    token_ids: list[list[int]] = field(default_factory=list)
     tokens: int = 0
     seconds: float = 0.0
     verify_steps: int = 0
@@ -112,6 +113,7 @@ def measure(url: str, name: str, prompts: list[str], max_tokens: int) -> Run:
         run.seconds += time.perf_counter() - t0
         meta = out["meta_info"]
         run.texts.append(out["text"])
+        run.token_ids.append(out["output_ids"])
         run.tokens += meta["completion_tokens"]
         run.verify_steps += int(meta.get("spec_verify_ct") or 0)
     return run
@@ -165,7 +167,7 @@ def run_sglang(args, target: str, drafts: dict[str, str], requests_: list[str]) 
     print(f"{'method':<16} {'tok/s':>8} {'speedup':>8} {'accept length':>14}   output")
     for name in ["no speculation"] + [n for n in runs if n != "no speculation"]:
         run = runs[name]
-        same = sum(a == b for a, b in zip(run.texts, base.texts))
+        same = sum(a == b for a, b in zip(run.token_ids, base.token_ids))   # token for token
         accept = f"{run.accept_length:.2f}" if run.verify_steps else "1 (plain)"
         note = "" if name == "no speculation" else f"identical to no speculation: {same} of {len(base.texts)}"
         print(f"{name:<16} {run.tok_per_s:8.1f} {run.tok_per_s / base.tok_per_s:7.2f}x {accept:>14}   {note}")
