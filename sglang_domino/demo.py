@@ -56,14 +56,11 @@ class Run:
 def _testbed() -> tuple[str, str, str, list[dict]]:
     try:
         from benchmarks.testbed.load import committed
+        from benchmarks.testbed.prompts import heldout_rows
     except ImportError:  # installed without the repository's benchmarks/
         raise SystemExit("no test bed here (benchmarks/ is not importable): pass --target DIR --draft DIR") from None
-    import json
-
     bed = committed()
-    with open(bed / "heldout_prompts.jsonl", encoding="utf-8") as fh:
-        rows = [json.loads(line) for line in fh if line.strip()]
-    return str(bed / "target"), str(bed / "domino"), str(bed / "dflash"), rows
+    return str(bed / "target"), str(bed / "domino"), str(bed / "dflash"), heldout_rows(bed)
 
 
 # Without a cap SGLang gives the KV pool all free memory: on CPU that is ~15 GB of float32
