@@ -8,7 +8,7 @@ Both rules return (accepted count a in [0, n], next token): the caller commits d
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -34,24 +34,42 @@ def accept_sampled(draft_tokens: torch.Tensor, draft_probs: Optional[torch.Tenso
     return accept_probs(draft_tokens, draft_probs, to_probs(target_logits, params), generator)
 
 
+class Uniforms(NamedTuple):
+    """The randomness of one chain verification: `steps` [b, n], the coin of each draft
+    test, and `final` [b], the inverse-CDF coin of the token after the accepted prefix.
+    Fixing them fixes the outcome, which holds the Triton kernel to this reference."""
+    steps: torch.Tensor
+    final: torch.Tensor
+
+    @classmethod
+    def draw(cls, b: int, n: int, device, generator: Optional[torch.Generator] = None) -> "Uniforms":
+        u = torch.rand((b, n + 1), generator=generator, device=device)
+        return cls(u[:, :n], u[:, n])
+
+
 def accept_probs(draft_tokens: torch.Tensor, draft_probs: Optional[torch.Tensor], target_probs: torch.Tensor,
-                 generator: Optional[torch.Generator] = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 generator: Optional[torch.Generator] = None, uniforms: Optional[Uniforms] = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Speculative sampling (Leviathan et al. 2023): accept draft d ~ q with probability
     min(1, p(d)/q(d)); at the first rejection draw from norm(max(0, p - q)); after n
     acceptances draw the bonus from p. The emitted tokens follow p exactly.
 
     `target_probs` [b, n+1, V] is p, already through temperature/top-k/top-p.
     `draft_probs` [b, n, V] is q; None means a greedy draft (q a point mass on each
-    draft token: accept with probability p(d), on rejection draw from p without d)."""
+    draft token: accept with probability p(d), on rejection draw from p without d).
+    Draft k is accepted when u_k * q(d_k) < p(d_k) and q(d_k) > 0; the next token is
+    the first index whose running residual mass exceeds u_final * total mass (the draws
+    of SGLang 0.5.23's chain kernel, `sglang_domino.kernels.chain_accept`)."""
     b, n = draft_tokens.shape
     p = target_probs.float()
+    if uniforms is None:
+        uniforms = Uniforms.draw(b, n, p.device, generator)
     p_d = p[:, :n].gather(-1, draft_tokens[..., None]).squeeze(-1)
     if draft_probs is None:
         q_d = torch.ones_like(p_d)
     else:
         q_d = draft_probs.gather(-1, draft_tokens[..., None]).squeeze(-1).float()
-    u = torch.rand((b, n), generator=generator, device=p.device)
-    accepted = accepted_prefix(u * q_d < p_d)
+    accepted = accepted_prefix((uniforms.steps * q_d < p_d) & (q_d > 0))
     rows = torch.arange(b, device=p.device)
     p_next = p[rows, accepted]                                           # [b, V]
     if draft_probs is None:
@@ -60,13 +78,21 @@ def accept_probs(draft_tokens: torch.Tensor, draft_probs: Optional[torch.Tensor]
         q_next[accepted == n] = 0
     else:
         q_next = torch.cat([draft_probs.float(), torch.zeros_like(p[:, :1])], dim=1)[rows, accepted]
-    residual = (p_next - q_next).clamp_min(0)
-    mass = residual.sum(-1, keepdim=True)
     # After n acceptances q_next is 0, so the residual is p itself (the bonus). A
     # rejection implies p(d) < q(d), hence positive residual mass; the fallback to p only
     # guards a residual lost to rounding.
-    residual = torch.where(mass > 0, residual / mass.clamp_min(1e-30), p_next)
-    return accepted, sample(residual, generator)
+    residual = (p_next - q_next).clamp_min(0)
+    mass = residual.sum(-1, keepdim=True)
+    residual = torch.where(mass > 0, residual, p_next)
+    return accepted, sample_inverse_cdf(residual, uniforms.final)
+
+
+def sample_inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Row-wise draw from unnormalised `weights` [b, V] with coins `u` [b]: the first
+    index whose cumulative weight exceeds u * total."""
+    cdf = weights.cumsum(-1)
+    idx = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None].contiguous(), right=True).squeeze(1)
+    return idx.clamp_max(weights.shape[-1] - 1)
 
 
 def accept(draft_tokens: torch.Tensor, draft_probs: Optional[torch.Tensor], target_logits: torch.Tensor,

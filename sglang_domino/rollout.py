@@ -26,35 +26,46 @@ class Proposal:
     probs: Optional[torch.Tensor] = None  # [b, n, V] draft distribution q (None when greedy)
 
 
-def _pick(logits: torch.Tensor, params: SamplingParams, generator) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    if params.greedy:
-        return logits.argmax(-1), None
-    probs = to_probs(logits, params)
-    return sample(probs, generator), probs
+# pick(logits [b, V], k) -> (tokens [b], probs [b, V] or None): how proposal k is chosen
+# from its logits. The Transformers backend picks under one SamplingParams (`picker`);
+# the SGLang worker under each request's own parameters and seeded coins.
+Pick = Callable[[torch.Tensor, int], tuple[torch.Tensor, Optional[torch.Tensor]]]
+
+
+def picker(params: SamplingParams, generator: Optional[torch.Generator] = None) -> Pick:
+    def pick(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        if params.greedy:
+            return logits.argmax(-1), None
+        probs = to_probs(logits, params)
+        return sample(probs, generator), probs
+    return pick
 
 
 def propose_dflash(base_logits: torch.Tensor, params: SamplingParams,
                    generator: Optional[torch.Generator] = None) -> Proposal:
     """base_logits [b, n, V] for the n positions after the bonus token."""
-    tokens, probs = _pick(base_logits, params, generator)
+    tokens, probs = picker(params, generator)(base_logits, 0)
     return Proposal(tokens, probs)
 
 
 def propose_domino(hidden: torch.Tensor, base_logits: torch.Tensor, bonus: torch.Tensor,
-                   embed: Callable[[torch.Tensor], torch.Tensor], draft, params: SamplingParams,
+                   embed: Callable[[torch.Tensor], torch.Tensor], draft, params: SamplingParams | Pick,
                    generator: Optional[torch.Generator] = None) -> Proposal:
     """hidden [b, n, H] and base_logits [b, n, V]: the backbone slots predicting the next n
-    tokens after `bonus` [b]; `draft` provides `correction`, `run_gru`, `gru_step`."""
+    tokens after `bonus` [b]; `draft` provides `correction`, `run_gru`, `gru_step`.
+    `params` is a SamplingParams (with `generator`) or a `Pick`; the probabilities it
+    returns for every step make up q."""
+    pick = picker(params, generator) if isinstance(params, SamplingParams) else params
     n = hidden.shape[1]
-    first, first_probs = _pick(base_logits[:, 0], params, generator)
+    first, first_probs = pick(base_logits[:, 0], 0)
     tokens, probs = [first], [first_probs]
     if n > 1:
         state = draft.run_gru(embed(torch.stack([bonus, first], dim=1)))[:, -1]
         for k in range(1, n):
             logits = base_logits[:, k].float() + draft.correction(hidden[:, k], state).float()
-            tok, tok_probs = _pick(logits, params, generator)
+            tok, tok_probs = pick(logits, k)
             tokens.append(tok)
             probs.append(tok_probs)
             if k + 1 < n:
                 state = draft.gru_step(embed(tok), state)
-    return Proposal(torch.stack(tokens, dim=1), None if params.greedy else torch.stack(probs, dim=1))
+    return Proposal(torch.stack(tokens, dim=1), None if probs[0] is None else torch.stack(probs, dim=1))

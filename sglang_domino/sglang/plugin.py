@@ -46,6 +46,11 @@ VALIDATE_REQUEST_TARGET = "sglang.srt.managers.tokenizer_manager.TokenizerManage
 RESOLUTION_STEP = "handle_speculative_decoding"
 OLD_MAMBA_FLAG = "--mamba-scheduler-strategy"
 SOURCE = "sglang_domino"
+REJECTION_HELP = (
+    "With DFLASH and a Domino draft (sglang-domino): sampled requests draw each proposal from the "
+    "draft's own distribution q and accept it with min(1, p/q). Refused for plain DFlash drafts, "
+    "whose sampled requests are always verified as point masses (their independent positions "
+    "sampled from q accept less).")
 
 _registered = False
 
@@ -101,6 +106,9 @@ def _after_add_cli_args(result, *args, **kwargs):
         help="Alias of --mamba-radix-cache-strategy (the name used by the Domino model cards; "
         "added by sglang-domino).",
     )
+    for action in parser._actions:
+        if action.dest == "speculative_use_rejection_sampling" and REJECTION_HELP not in (action.help or ""):
+            action.help = f"{action.help or ''} {REJECTION_HELP}".strip()
     return result
 
 
@@ -207,6 +215,31 @@ def _resolve_speculative(server_args, previous):
         previous(server_args)
 
     _check_draft(resolving_view(server_args))
+    _check_rejection_sampling(resolving_view(server_args))
+
+
+def _check_rejection_sampling(cfg) -> None:
+    """0.5.23 reads `--speculative-use-rejection-sampling` for EAGLE only; for DFLASH this
+    plugin gives it a meaning, the q rule, and only for Domino drafts (whose rollout
+    defines q). A DFlash draft's positions are independent, and sampling them from their
+    marginals lowers acceptance, so its sampled requests keep the point-mass rule: refuse
+    the flag rather than ignore it."""
+    if not cfg.speculative_use_rejection_sampling:
+        return
+    from .checks import read_draft_config
+
+    draft = read_draft_config(cfg.speculative_draft_model_path, cfg.speculative_draft_model_revision)
+    if draft is not None and not draft.is_domino:
+        raise ValueError(
+            "--speculative-use-rejection-sampling with DFLASH needs a Domino draft "
+            "(dflash_config.projector_type = \"domino\"); this draft is a plain DFlash draft, whose "
+            "sampled requests are verified with the point-mass rule: drop the flag")
+    single, acc = cfg.speculative_accept_threshold_single, cfg.speculative_accept_threshold_acc
+    if single != 1.0 or acc != 1.0:
+        raise ValueError(
+            "--speculative-use-rejection-sampling accepts with min(1, p/q) and ignores accept thresholds: "
+            f"--speculative-accept-threshold-single must be 1.0 (got {single}) and "
+            f"--speculative-accept-threshold-acc 1.0 (got {acc})")
 
 
 def _hf_window_draft_block(cfg, block, ndt) -> int:

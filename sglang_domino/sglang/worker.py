@@ -136,9 +136,12 @@ class DominoDFlashWorker(DFlashWorkerV2):
             cpu_runtime.keep_input_embeds_dtype(self.draft_model_runner)
 
         self.draft_block = self._resolve_draft_block()
+        # argument resolution refuses the flag for drafts that are not Domino
+        self.q_rule = bool(get_spec().speculative_use_rejection_sampling) and self._is_domino
         logger.info(
-            "sglang-domino DFLASH worker: device=%s, draft block=%s, verify width=%s, domino=%s",
-            self.device, self.draft_block, self.block_size, self._is_domino)
+            "sglang-domino DFLASH worker: device=%s, draft block=%s, verify width=%s, domino=%s, "
+            "sampled verify=%s", self.device, self.draft_block, self.block_size, self._is_domino,
+            "q rule (draft sampled from q, min(1, p/q))" if self.q_rule else "point mass")
         self._log_first_verify()
 
     def _log_first_verify(self) -> None:
@@ -259,6 +262,25 @@ class DominoDFlashWorker(DFlashWorkerV2):
 
         runner.forward = forward
 
+    def forward_batch_generation(self, batch, *args, **kwargs):
+        """With the q rule, a decode step that has sampled requests proposes through
+        `sampled_draft.domino_sampled_rollout` (eager; upstream's in-graph greedy rollout,
+        `_DominoDraftSampler`, is stepped around for that step only: its graph still
+        replays, its output is not read, `dflash_worker_v2.py:2692-2699`)."""
+        if (not self.q_rule or batch.forward_mode.is_extend() or batch.is_extend_in_batch
+                or _is_all_greedy(batch.sampling_info)):
+            return super().forward_batch_generation(batch, *args, **kwargs)
+        from .sampled_draft import SampledStep, sampled_step
+
+        step = SampledStep(batch.sampling_info, batch.seq_lens,
+                           sync_tokens=lambda t: self._tp_sync.sync(SpecTpSyncSite.DFLASH_SELECTOR, t))
+        sampler, self._draft_sampler = self._draft_sampler, None
+        try:
+            with sampled_step(step):
+                return super().forward_batch_generation(batch, *args, **kwargs)
+        finally:
+            self._draft_sampler = sampler
+
     def _accept_block(self, **kwargs):
         """0.5.23 verifies sampled requests only with a CUDA/MUSA kernel
         (`tree_speculative_sampling_target_only`, `dflash_utils.py:47`,
@@ -270,23 +292,53 @@ class DominoDFlashWorker(DFlashWorkerV2):
         `dflash_utils.py:1038`). Greedy rows of a mixed batch have top-k 1, a point mass
         on the argmax, so they stay token for token the target's."""
         sampling_info = kwargs["sampling_info"]
+        from .sampled_draft import active_step
+
+        step = active_step() if self.q_rule else None
+        if step is not None and step.tokens is not None and not _is_all_greedy(sampling_info):
+            return self._accept_q_rule(step, **kwargs)
         if (self._selector_sample is not None or kwargs.get("target_predict") is not None
                 or _is_all_greedy(sampling_info) or is_dflash_sampling_verify_available()
                 or SIMULATE_ACC_LEN > 0):
             return super()._accept_block(**kwargs)
-        from sglang.srt.speculative.dflash_utils import build_speculative_verify_target_probs
-
         from ..accept import accept_probs
 
         candidates, bs, draft_input = kwargs["candidates"], int(kwargs["bs"]), kwargs["draft_input"]
         width = int(candidates.shape[1])
-        target_probs = build_speculative_verify_target_probs(
-            next_token_logits=kwargs["next_token_logits"], sampling_info=sampling_info,
-            draft_token_num=width, bs=bs, max_top_k=draft_input.max_top_k,
-            uniform_top_k_value=draft_input.uniform_top_k_value)
+        target_probs = self._target_probs(next_token_logits=kwargs["next_token_logits"], sampling_info=sampling_info,
+                                          draft_input=draft_input, bs=bs, width=width)
         accept_len, bonus = accept_probs(candidates[:, 1:], None, target_probs)
         accept_len = accept_len.to(torch.int32)
         # every TP rank must commit the same tokens (upstream syncs its sampled path alike)
+        self._tp_sync.sync(SpecTpSyncSite.DFLASH_ACCEPT_SAMPLE, accept_len)
+        self._tp_sync.sync(SpecTpSyncSite.DFLASH_ACCEPT_SAMPLE, bonus)
+        out_tokens, commit_lens = _commit_accept(candidates, accept_len, bonus)
+        return accept_len, commit_lens, bonus, out_tokens, None
+
+    def _target_probs(self, *, next_token_logits, sampling_info, draft_input, bs, width):
+        from sglang.srt.speculative.dflash_utils import build_speculative_verify_target_probs
+
+        return build_speculative_verify_target_probs(
+            next_token_logits=next_token_logits, sampling_info=sampling_info, draft_token_num=width, bs=bs,
+            max_top_k=draft_input.max_top_k, uniform_top_k_value=draft_input.uniform_top_k_value
+        ).view(bs, width, -1)
+
+    def _accept_q_rule(self, step, *, candidates, next_token_logits, sampling_info, draft_input, bs, **_):
+        """Speculative sampling against the draft's own q (`--speculative-use-rejection-sampling`):
+        draft k accepted with min(1, p/q), the first rejection resampled from
+        norm(max(0, p - q)), the bonus drawn from p. On CUDA the Triton kernel
+        (`sglang_domino.kernels.chain_accept`), elsewhere the reference it is held equal to."""
+        from ..accept import accept_probs
+
+        bs, width = int(bs), int(candidates.shape[1])
+        drafts = candidates[:, 1:].to(torch.int64)
+        if not torch.equal(drafts, step.tokens.to(drafts.device)):
+            raise RuntimeError("sglang-domino: the verified block is not the sampled rollout's proposals")
+        target_probs = self._target_probs(next_token_logits=next_token_logits, sampling_info=sampling_info,
+                                          draft_input=draft_input, bs=bs, width=width)
+        uniforms = step.accept_uniforms(width - 1)
+        accept_len, bonus = accept_probs(drafts, step.q, target_probs, uniforms=uniforms)
+        accept_len = accept_len.to(torch.int32)
         self._tp_sync.sync(SpecTpSyncSite.DFLASH_ACCEPT_SAMPLE, accept_len)
         self._tp_sync.sync(SpecTpSyncSite.DFLASH_ACCEPT_SAMPLE, bonus)
         out_tokens, commit_lens = _commit_accept(candidates, accept_len, bonus)

@@ -85,3 +85,50 @@ if __name__ == "__main__":  # python tests/sglang/tiny.py OUT_DIR
     target = build_target(os.path.join(out, "target"))
     build_draft(os.path.join(out, "dflash"), target, "dflash", 16)
     build_draft(os.path.join(out, "domino"), target, "domino", 16)
+
+
+# -- a target and a Domino draft whose first proposal's distributions are known exactly --
+KNOWN_LOGIT_SCALE = 20.0
+KNOWN_DRAFT_NORM = 1.5
+
+
+def _silence_blocks(layers) -> None:
+    """Zero every block's output projections: each layer adds nothing to the residual
+    stream, so the final hidden state is the current token's embedding."""
+    for layer in layers:
+        layer.self_attn.o_proj.weight.zero_()
+        layer.mlp.down_proj.weight.zero_()
+
+
+def build_known_pair(target_path: str, draft_path: str, seed: int = 0):
+    """A bigram target, p(. | t) = softmax(lm_head(norm(E[t]))), and a Domino draft
+    (block 16) whose blocks are silenced the same way, with its final norm scaled by
+    KNOWN_DRAFT_NORM: its first proposal after bonus token t has q(. | t) =
+    softmax(lm_head(norm_d(E[t]))), logits KNOWN_DRAFT_NORM times the target's, whatever
+    the context. Returns (hf target, hf draft); `known_logits` gives both in closed form."""
+    import torch
+
+    from sglang_domino.testing import tiny_draft, tiny_target
+
+    target = tiny_target(seed=seed, vocab_size=TARGET_VOCAB, logit_scale=KNOWN_LOGIT_SCALE, dtype=torch.float32)
+    draft = tiny_draft(target, "domino", seed=seed + 1, block_size=16, mask_token_id=MASK_ID)
+    with torch.no_grad():
+        _silence_blocks(target.model.layers)
+        _silence_blocks(draft.layers)
+        draft.norm.weight.copy_(target.model.norm.weight * KNOWN_DRAFT_NORM)
+    target.config.dtype = "float32"
+    target.save_pretrained(target_path)
+    build_tokenizer().save_pretrained(target_path)
+    draft.save_pretrained(draft_path)
+    return target, draft
+
+
+def known_logits(target, draft):
+    """[V, V] next-token logits after each token: the target's and the draft's first proposal's."""
+    import torch
+
+    emb = target.model.embed_tokens.weight.float()
+    eps = target.config.rms_norm_eps
+    normed = emb * torch.rsqrt(emb.pow(2).mean(-1, keepdim=True) + eps)
+    head = target.lm_head.weight.float().T
+    return (normed * target.model.norm.weight.float()) @ head, (normed * draft.norm.weight.float()) @ head

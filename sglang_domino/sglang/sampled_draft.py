@@ -1,0 +1,177 @@
+"""The Domino rollout sampled from q in the SGLang worker (`--speculative-use-rejection-sampling`).
+
+0.5.23 proposes Domino drafts by argmax at every temperature (`domino_greedy_rollout`,
+`srt/speculative/domino_utils.py:312`, called eagerly at `dflash_worker_v2.py:2710`) and
+verifies sampled requests as point masses. With the flag, a decode step that has sampled
+requests runs this project's one rollout (`sglang_domino.rollout.propose_domino`) instead:
+each proposal k is drawn from q_k = the draft's base + correction logits under the
+request's own temperature, top-k and top-p (through upstream's transform for the target,
+`build_speculative_verify_target_probs`, so p and q are shaped alike), the GRU consuming
+the sampled token. The step keeps q for `DominoDFlashWorker._accept_block`, which accepts
+with min(1, p/q) (`sglang_domino.accept`).
+
+Coins: a request with `sampling_seed` (0.5.23 fills it under
+`--enable-deterministic-inference`) gets coins hashed from (seed, committed length,
+column) with upstream's `murmur_hash32`, so it repeats; others draw from torch's RNG.
+Columns 0..n-1 are the proposals' coins, n..2n the acceptance's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from ..accept import Uniforms, sample_inverse_cdf
+from ..rollout import propose_domino
+
+ROLLOUT_TARGET = "sglang.srt.speculative.dflash_worker_v2.domino_greedy_rollout"
+_local = threading.local()
+_installed = False
+
+
+class UpstreamDominoHead:
+    """`propose_domino`'s draft interface over 0.5.23's Domino modules (`prefix_gru`,
+    `embed_proj`, `models/dflash.py`), the same math as `sglang_domino.model.DraftModel`.
+    With a candidate pool, q is zero off the pool (the correction is -inf there), as
+    upstream's greedy pool rollout restricts its argmax; that stays exact, only q changes."""
+
+    def __init__(self, prefix_gru, embed_proj, pool_ids: Optional[torch.Tensor] = None, vocab: int = 0):
+        self.gru, self.proj = prefix_gru, embed_proj
+        self.off_pool = None
+        if pool_ids is not None:
+            self.off_pool = torch.ones(pool_ids.shape[0], vocab, dtype=torch.bool, device=pool_ids.device)
+            self.off_pool.scatter_(1, pool_ids, False)
+
+    def correction(self, z: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        out = self.proj[2](self.proj[1](self.proj[0](torch.cat((z, state.to(z.dtype)), dim=-1))))
+        if self.off_pool is not None:
+            out = out.float().masked_fill(self.off_pool, float("-inf"))
+        return out
+
+    def run_gru(self, embeds: torch.Tensor) -> torch.Tensor:
+        out, _ = self.gru(embeds.to(self.gru.weight_ih_l0.dtype))
+        return out
+
+    def gru_step(self, embed: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        from sglang.srt.speculative.domino_utils import _domino_gru_cell
+
+        return _domino_gru_cell(self.gru, embed.to(self.gru.weight_ih_l0.dtype), state)
+
+
+@dataclass
+class SampledStep:
+    """One decode step's sampled rollout: what the proposals were drawn under, and q."""
+    sampling_info: object
+    positions: torch.Tensor            # [bs] committed lengths: the coins' position key
+    sync_tokens: object = None         # every TP rank proposes rank 0's tokens
+    tokens: Optional[torch.Tensor] = None   # [bs, n]
+    q: Optional[torch.Tensor] = None        # [bs, n, V] fp32
+
+    def to_probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """[bs, V] logits -> each request's distribution (temperature, top-k, top-p)."""
+        from sglang.srt.speculative.dflash_utils import build_speculative_verify_target_probs
+
+        return build_speculative_verify_target_probs(
+            next_token_logits=logits.float(), sampling_info=self.sampling_info, draft_token_num=1,
+            bs=int(logits.shape[0]))[:, 0].float()
+
+    def coins(self, first: int, count: int) -> torch.Tensor:
+        bs = int(self.positions.shape[0])
+        device = self.positions.device
+        u = torch.rand((bs, count), device=device)
+        seeds = getattr(self.sampling_info, "sampling_seed", None)
+        if seeds is not None:
+            from sglang.srt.layers.sampler import murmur_hash32
+
+            cols = torch.arange(first, first + count, device=device)
+            hashed = murmur_hash32(seeds.to(torch.uint64), self.positions.to(torch.int64), cols)
+            u = (hashed.to(torch.float64) + 0.5).div(2.0 ** 32).float()
+        return u
+
+    def pick(self, logits: torch.Tensor, k: int):
+        probs = self.to_probs(logits)
+        return sample_inverse_cdf(probs, self.coins(k, 1)[:, 0]), probs
+
+    def accept_uniforms(self, n: int) -> Uniforms:
+        u = self.coins(n, n + 1)
+        return Uniforms(u[:, :n], u[:, n])
+
+
+@contextlib.contextmanager
+def sampled_step(step: SampledStep):
+    """Route this thread's eager Domino rollout through `domino_sampled_rollout`."""
+    install()
+    _local.step = step
+    try:
+        yield step
+    finally:
+        _local.step = None
+
+
+def active_step() -> Optional[SampledStep]:
+    return getattr(_local, "step", None)
+
+
+def base_logits(*, draft_hidden, lm_head_weight, vocab_size, shift_label, tp_group=None,
+                lm_head_num_org_padded=None, **_) -> tuple[torch.Tensor, torch.Tensor]:
+    """(z [bs, n, H], base logits [bs, n, V] over the full vocabulary) as upstream's rollout
+    computes them (`domino_utils.py:354-436`): slots 0..n-1 with `shift_label`, else
+    1..n; a vocabulary-parallel lm_head is all-gathered."""
+    bs, block, hidden = draft_hidden.shape
+    n, start = block - 1, 0 if shift_label else 1
+    z = draft_hidden[:, start:start + n]
+    tp = int(tp_group.world_size) if tp_group is not None else 1
+    local_vocab = int(lm_head_num_org_padded) if tp > 1 else int(vocab_size)
+    weight = lm_head_weight[:local_vocab]
+    local = F.linear(z.to(weight.dtype), weight)                         # [bs, n, local]
+    if tp == 1:
+        return z, local[..., :int(vocab_size)]
+    flat = local.reshape(bs * n, local_vocab).T.contiguous()
+    gathered = torch.empty((tp * local_vocab, bs * n), dtype=local.dtype, device=local.device)
+    tp_group.all_gather_into_tensor(gathered, flat)
+    return z, gathered.T[:, :int(vocab_size)].reshape(bs, n, int(vocab_size))
+
+
+def domino_sampled_rollout(step: SampledStep, **kw) -> torch.Tensor:
+    """Same arguments and result ([bs, n] proposals) as upstream's `domino_greedy_rollout`;
+    records the proposals and q on `step`."""
+    z, base = base_logits(**kw)
+    vocab, pool_size = int(kw["vocab_size"]), int(kw["candidate_pool_size"])
+    n = int(z.shape[1])
+    pool = None
+    if n > 1 and 0 < pool_size < vocab:
+        # upstream's block-shared pool: top-K ids of max over proposals 1..n-1 of the base
+        pool = torch.topk(base[:, 1:].amax(dim=1), k=pool_size, dim=-1, sorted=False).indices
+    head = UpstreamDominoHead(kw["prefix_gru"], kw["embed_proj"], pool, vocab)
+    proposal = propose_domino(z, base, kw["bonus_tokens"], kw["target_embedding"], head, step.pick)
+    tokens = proposal.tokens
+    if step.sync_tokens is not None:
+        step.sync_tokens(tokens)
+    step.tokens, step.q = tokens, proposal.probs
+    return tokens
+
+
+def _around_rollout(original, *args, **kwargs):
+    step = active_step()
+    if step is None or kwargs.get("in_cuda_graph"):
+        return original(*args, **kwargs)
+    return domino_sampled_rollout(step, **kwargs)
+
+
+_around_rollout._sglang_domino = True
+
+
+def install() -> None:
+    global _installed
+    if _installed:
+        return
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register(ROLLOUT_TARGET, _around_rollout, HookType.AROUND)
+    HookRegistry.apply_hooks()
+    _installed = True
