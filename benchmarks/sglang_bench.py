@@ -6,7 +6,8 @@ heldout:16 on the test bed], MAX_NEW_TOKENS [2048], TEMPERATURE [0.0],
 CONCURRENCIES [1,2,4,8,16,32], BLOCK_SIZE [16], VERIFY_TOKENS [= BLOCK_SIZE; 8 for "b8"],
 TP_SIZE [1], REPEATS [1], SERVER_ARGS [extra flags for every server], PYTHON, CHAT_TEMPLATE
 [1], ENABLE_THINKING [0], OUT_DIR [benchmarks/results/sglang-<time>],
-SERVER_TIMEOUT [600 s].
+SERVER_TIMEOUT [600 s], RULES [point: sampled requests verified as point masses; q: Domino
+drafts with --speculative-use-rejection-sampling, method `<draft>+q`; both].
 
 Fair by construction: one launch recipe with identical flags for every method (the
 speculative flags are the only difference), a fresh server per method, a warm-up
@@ -37,6 +38,11 @@ from .settings import BenchSettings
 from .tasks import load_prompts, render
 
 
+Q_FLAG = "--speculative-use-rejection-sampling"
+Q_SUFFIX = "+q"
+RULES = {"point": ["point"], "q": ["q"], "both": ["point", "q"]}
+
+
 class SGLangBenchConfig(BenchSettings):
     concurrencies: list[int]
     verify_tokens: int = Field(ge=2)
@@ -45,6 +51,7 @@ class SGLangBenchConfig(BenchSettings):
     python: str
     server_timeout: float
     on_cpu: bool
+    rules: list[str]
 
     @classmethod
     def from_env(cls, env=os.environ) -> "SGLangBenchConfig":
@@ -57,13 +64,28 @@ class SGLangBenchConfig(BenchSettings):
             verify = int(env.get("VERIFY_TOKENS", block))
             if verify > block:
                 raise ValueError(f"VERIFY_TOKENS: got {verify}, expected at most BLOCK_SIZE={block}")
+            rules = RULES.get(env.get("RULES", "point"))
+            if rules is None:
+                raise ValueError(f"RULES: got {env.get('RULES')!r}, expected one of {sorted(RULES)}")
             return cls(**common, concurrencies=concs, verify_tokens=verify, tp_size=int(env.get("TP_SIZE", 1)),
                        server_args=shlex.split(env.get("SERVER_ARGS", "")), python=env.get("PYTHON") or sys.executable,
-                       server_timeout=float(env.get("SERVER_TIMEOUT", 600)), on_cpu=not _has_cuda())
+                       server_timeout=float(env.get("SERVER_TIMEOUT", 600)), on_cpu=not _has_cuda(), rules=rules)
         except ValueError as err:
             raise SystemExit(str(err)) from None
 
-    def launch_command(self, port: int, draft: Optional[str]) -> list[str]:
+    def methods(self) -> dict[str, tuple[Optional[str], list[str]]]:
+        """method name -> (draft or None, its speculative flags beyond the shared ones)."""
+        from sglang_domino.sglang.checks import read_draft_config
+
+        out: dict[str, tuple[Optional[str], list[str]]] = {TARGET_ONLY: (None, [])}
+        for draft in self.draft_models:
+            if "point" in self.rules:
+                out[method_name(draft)] = (draft, [])
+            if "q" in self.rules and getattr(read_draft_config(draft, None), "is_domino", False):
+                out[method_name(draft) + Q_SUFFIX] = (draft, [Q_FLAG])
+        return out
+
+    def launch_command(self, port: int, draft: Optional[str], extra: tuple[str, ...] = ()) -> list[str]:
         cmd = [self.python, "-m", "sglang.launch_server", "--model-path", self.target_model, "--host", "127.0.0.1",
                "--port", str(port), "--tp-size", str(self.tp_size), "--trust-remote-code"]
         if self.on_cpu:
@@ -73,7 +95,7 @@ class SGLangBenchConfig(BenchSettings):
                     "--speculative-dflash-block-size", str(self.block_size)]
             if self.verify_tokens != self.block_size:
                 cmd += ["--speculative-num-draft-tokens", str(self.verify_tokens)]
-        return cmd + self.server_args
+        return cmd + list(extra) + self.server_args
 
 
 def _has_cuda() -> bool:
@@ -133,13 +155,13 @@ def main() -> int:
         json.dump({**cfg.model_dump(), "machine": machine()}, fh, indent=1)
     records_path = os.path.join(cfg.out_dir, "records.jsonl")
     open(records_path, "w").close()
-    methods = {TARGET_ONLY: None, **{method_name(d): d for d in cfg.draft_models}}
+    methods = cfg.methods()
     total = len(methods) * len(cfg.concurrencies) * cfg.repeats * sum(len(t) for t in texts.values())
     bar = tqdm(total=total, desc="requests", dynamic_ncols=True)
     clock0 = time.time()
-    for method, draft in methods.items():
+    for method, (draft, extra) in methods.items():
         port = free_port()
-        cmd = cfg.launch_command(port, draft)
+        cmd = cfg.launch_command(port, draft, tuple(extra))
         print(f"[{method}] {shlex.join(cmd)}", flush=True)
         with server(cmd, port, cfg.server_timeout, os.path.join(cfg.out_dir, f"server-{method}.log")) as url:
             warm = next(iter(texts.values()))[: max(cfg.concurrencies)]

@@ -218,7 +218,8 @@ def accept_chain(draft_tokens: torch.Tensor, q_draft: Optional[torch.Tensor], q_
 
     point_mass = q_draft is None
     if point_mass:
-        given = [name for name, t in (("q_first", q_first), ("pool_ids", pool_ids), ("q_rest", q_rest)) if t is not None]
+        named = (("q_first", q_first), ("pool_ids", pool_ids), ("q_rest", q_rest))
+        given = [name for name, t in named if t is not None]
         if given:
             raise ValueError(f"{', '.join(given)}: expected None in point-mass mode (q_draft is None)")
         K = 0

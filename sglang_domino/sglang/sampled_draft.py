@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
-from ..accept import Uniforms, sample_inverse_cdf
+from ..accept import Uniforms, accept_probs, sample_inverse_cdf
 from ..rollout import propose_domino
 
 ROLLOUT_TARGET = "sglang.srt.speculative.dflash_worker_v2.domino_greedy_rollout"
@@ -65,12 +65,17 @@ class UpstreamDominoHead:
 
 @dataclass
 class SampledStep:
-    """One decode step's sampled rollout: what the proposals were drawn under, and q."""
+    """One decode step's sampled rollout: what the proposals were drawn under, and q in
+    the compact layout of `sglang_domino.kernels.chain_accept` (q_0 dense, later
+    proposals on the candidate pool), never a dense [bs, n, V] buffer."""
     sampling_info: object
-    positions: torch.Tensor            # [bs] committed lengths: the coins' position key
-    sync_tokens: object = None         # every TP rank proposes rank 0's tokens
+    positions: torch.Tensor                 # [bs] committed lengths: the coins' position key
+    sync_tokens: object = None              # every TP rank proposes rank 0's tokens
+    pool_ids: Optional[torch.Tensor] = None  # [bs, K], None: the whole vocabulary
     tokens: Optional[torch.Tensor] = None   # [bs, n]
-    q: Optional[torch.Tensor] = None        # [bs, n, V] fp32
+    q_first: Optional[torch.Tensor] = None  # [bs, V]
+    q_rest: list = field(default_factory=list)    # n - 1 x [bs, K or V]
+    q_draft: list = field(default_factory=list)   # n x [bs]: q_k at the drawn token
 
     def to_probs(self, logits: torch.Tensor) -> torch.Tensor:
         """[bs, V] logits -> each request's distribution (temperature, top-k, top-p)."""
@@ -81,21 +86,45 @@ class SampledStep:
             bs=int(logits.shape[0]))[:, 0].float()
 
     def coins(self, first: int, count: int) -> torch.Tensor:
-        bs = int(self.positions.shape[0])
-        device = self.positions.device
-        u = torch.rand((bs, count), device=device)
         seeds = getattr(self.sampling_info, "sampling_seed", None)
-        if seeds is not None:
-            from sglang.srt.layers.sampler import murmur_hash32
+        if seeds is None:
+            return torch.rand((int(self.positions.shape[0]), count), device=self.positions.device)
+        from sglang.srt.layers.sampler import murmur_hash32
 
-            cols = torch.arange(first, first + count, device=device)
-            hashed = murmur_hash32(seeds.to(torch.uint64), self.positions.to(torch.int64), cols)
-            u = (hashed.to(torch.float64) + 0.5).div(2.0 ** 32).float()
-        return u
+        cols = torch.arange(first, first + count, device=self.positions.device)
+        hashed = murmur_hash32(seeds.to(torch.uint64), self.positions.to(torch.int64), cols)
+        return (hashed.to(torch.float64) + 0.5).div(2.0 ** 32).float()
 
     def pick(self, logits: torch.Tensor, k: int):
+        """`propose_domino`'s Pick: draw proposal k from q_k and record q_k; returns no
+        probabilities, so the rollout stacks none."""
         probs = self.to_probs(logits)
-        return sample_inverse_cdf(probs, self.coins(k, 1)[:, 0]), probs
+        token = sample_inverse_cdf(probs, self.coins(k, 1)[:, 0])
+        self.q_draft.append(probs.gather(1, token[:, None])[:, 0])
+        if k == 0:
+            self.q_first = probs
+        else:
+            self.q_rest.append(probs if self.pool_ids is None else probs.gather(1, self.pool_ids))
+        return token, None
+
+    def accept(self, drafts: torch.Tensor, target_probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The q rule over this step's proposals: the Triton kernel on CUDA, elsewhere the
+        reference `accept_probs` it is held equal to (tests/test_kernels.py)."""
+        n, vocab = int(drafts.shape[1]), int(target_probs.shape[-1])
+        uniforms = self.accept_uniforms(n)
+        q_draft = torch.stack(self.q_draft, dim=1)
+        q_rest = torch.stack(self.q_rest, dim=1) if self.q_rest else None
+        pool = self.pool_ids
+        if pool is None and q_rest is not None:
+            pool = torch.arange(vocab, device=drafts.device).expand(drafts.shape[0], vocab)
+        if target_probs.is_cuda:
+            from ..kernels.chain_accept import accept_chain
+
+            return accept_chain(drafts, q_draft, self.q_first, pool, q_rest, target_probs.float().contiguous(),
+                                uniforms)
+        from ..kernels.chain_accept import densify_q
+
+        return accept_probs(drafts, densify_q(self.q_first, pool, q_rest, vocab), target_probs, uniforms=uniforms)
 
     def accept_uniforms(self, n: int) -> Uniforms:
         u = self.coins(n, n + 1)
@@ -147,12 +176,12 @@ def domino_sampled_rollout(step: SampledStep, **kw) -> torch.Tensor:
     if n > 1 and 0 < pool_size < vocab:
         # upstream's block-shared pool: top-K ids of max over proposals 1..n-1 of the base
         pool = torch.topk(base[:, 1:].amax(dim=1), k=pool_size, dim=-1, sorted=False).indices
+    step.pool_ids = pool
     head = UpstreamDominoHead(kw["prefix_gru"], kw["embed_proj"], pool, vocab)
-    proposal = propose_domino(z, base, kw["bonus_tokens"], kw["target_embedding"], head, step.pick)
-    tokens = proposal.tokens
+    tokens = propose_domino(z, base, kw["bonus_tokens"], kw["target_embedding"], head, step.pick).tokens
     if step.sync_tokens is not None:
         step.sync_tokens(tokens)
-    step.tokens, step.q = tokens, proposal.probs
+    step.tokens = tokens
     return tokens
 
 

@@ -326,18 +326,14 @@ class DominoDFlashWorker(DFlashWorkerV2):
     def _accept_q_rule(self, step, *, candidates, next_token_logits, sampling_info, draft_input, bs, **_):
         """Speculative sampling against the draft's own q (`--speculative-use-rejection-sampling`):
         draft k accepted with min(1, p/q), the first rejection resampled from
-        norm(max(0, p - q)), the bonus drawn from p. On CUDA the Triton kernel
-        (`sglang_domino.kernels.chain_accept`), elsewhere the reference it is held equal to."""
-        from ..accept import accept_probs
-
+        norm(max(0, p - q)), the bonus drawn from p (`SampledStep.accept`)."""
         bs, width = int(bs), int(candidates.shape[1])
         drafts = candidates[:, 1:].to(torch.int64)
         if not torch.equal(drafts, step.tokens.to(drafts.device)):
             raise RuntimeError("sglang-domino: the verified block is not the sampled rollout's proposals")
         target_probs = self._target_probs(next_token_logits=next_token_logits, sampling_info=sampling_info,
                                           draft_input=draft_input, bs=bs, width=width)
-        uniforms = step.accept_uniforms(width - 1)
-        accept_len, bonus = accept_probs(drafts, step.q, target_probs, uniforms=uniforms)
+        accept_len, bonus = step.accept(drafts, target_probs)
         accept_len = accept_len.to(torch.int32)
         self._tp_sync.sync(SpecTpSyncSite.DFLASH_ACCEPT_SAMPLE, accept_len)
         self._tp_sync.sync(SpecTpSyncSite.DFLASH_ACCEPT_SAMPLE, bonus)

@@ -208,7 +208,10 @@ SPEC_CONFIGS = {
     "dflash_w8": ("dflash", 8),
     "domino_legacy_w8": ("domino_legacy", 8),
     "domino_hf17": ("domino", "hf"),
+    # sampled requests verified with the draft's own q (`--speculative-use-rejection-sampling`)
+    "domino_q": ("domino", None),
 }
+SPEC_FLAGS = {"domino_q": ["--speculative-use-rejection-sampling"]}
 
 
 def spec_args(models, kind: str, width: Optional[int]) -> list[str]:

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import tiny
-from conftest import BASE_ARGS, BLOCK, SPEC_CONFIGS, proposals_per_step, spec_args, spec_env, verify_window
+from conftest import (BASE_ARGS, BLOCK, SPEC_CONFIGS, SPEC_FLAGS, proposals_per_step, spec_args, spec_env,
+                      verify_window)
 
 pytestmark = pytest.mark.sglang_e2e
 
@@ -64,6 +65,7 @@ def expected(models, start):
             "completions": {p: _completion(base, p) for p in PROMPTS},
             "chat": _chat(base, CHAT),
             "streams": [_completion_n(base, p, n) for p, n in zip(STREAM_PROMPTS, STREAM_LENGTHS)],
+            "generate": [_generate_ids(base, ids)["output_ids"] for ids in HF_PROMPTS],
         }
     finally:
         base.stop()
@@ -73,7 +75,8 @@ def expected(models, start):
 def spec(request, models, start, expected):
     """One speculative server per configuration; pytest groups the tests by it."""
     kind, width = SPEC_CONFIGS[request.param]
-    server = start(spec_args(models, kind, width), request.param, env=spec_env(start.tmp, width))
+    server = start(spec_args(models, kind, width) + SPEC_FLAGS.get(request.param, []), request.param,
+                   env=spec_env(start.tmp, width))
     server.config = request.param
     yield server
     server.stop()
@@ -193,6 +196,19 @@ def test_sampled_output_follows_the_target_distribution(spec, models):
         assert bool((z.abs() < 4.5).all()), (spec.config, position, observed.tolist(), expected.tolist())
         # the check has power: a greedy verify would emit the argmax on every row
         assert SAMPLED_ROWS - expected[0] > 10 * variance[0].sqrt()
+
+
+def test_mixed_batch_keeps_greedy_rows_exact(spec, expected):
+    """One batch of greedy and sampled requests (a sampled row makes the whole batch take
+    the sampled verify path): the greedy rows are the plain server's, token for token."""
+    greedy = {"max_new_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True}
+    sampled = {"max_new_tokens": MAX_TOKENS, "temperature": 1.0, "ignore_eos": True}
+    input_ids = [ids for ids in HF_PROMPTS for _ in range(2)]
+    params = [greedy, sampled] * len(HF_PROMPTS)
+    status, body = spec.post("/generate", {"input_ids": input_ids, "sampling_params": params})
+    assert status == 200, body
+    assert [row["output_ids"] for row in body[::2]] == expected["generate"], spec.config
+    assert all(len(row["output_ids"]) == MAX_TOKENS for row in body[1::2])
 
 
 def _free_tokens(server):
