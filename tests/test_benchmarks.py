@@ -173,6 +173,24 @@ def test_sglang_benchmark_rejects_bad_settings(tiny_checkpoints, tmp_path):
     assert proc.returncode != 0 and "unknown task 'alpacca'" in proc.stderr
     proc = run_script("run_sglang_benchmark.sh", {**base, "TASKS": "humaneval:1", "VERIFY_TOKENS": "32"})
     assert proc.returncode != 0 and "VERIFY_TOKENS: got 32, expected at most BLOCK_SIZE=16" in proc.stderr
+    proc = run_script("run_sglang_benchmark.sh", {**base, "TASKS": "humaneval:1", "RULES": "qq"})
+    assert proc.returncode != 0 and "RULES: got 'qq', expected one of ['both', 'point', 'q']" in proc.stderr
+
+
+def test_sglang_benchmark_rules_add_a_q_method_for_domino_drafts(tiny_checkpoints, monkeypatch):
+    """RULES=both: each Domino draft also runs with --speculative-use-rejection-sampling
+    (method `<draft>+q`); a plain DFlash draft keeps only the point-mass rule."""
+    from benchmarks.sglang_bench import Q_FLAG, SGLangBenchConfig
+
+    env = {"TARGET_MODEL": str(tiny_checkpoints / "target"), "TASKS": "humaneval:1", "RULES": "both",
+           "DRAFT_MODEL": f"{tiny_checkpoints / 'dflash'},{tiny_checkpoints / 'domino'}"}
+    cfg = SGLangBenchConfig.from_env(env)
+    methods = cfg.methods()
+    assert list(methods) == ["target-only", "dflash", "domino", "domino+q"]
+    draft, extra = methods["domino+q"]
+    cmd = cfg.launch_command(8000, draft, tuple(extra))
+    assert cmd.count(Q_FLAG) == 1 and methods["domino"][1] == []
+    assert list(SGLangBenchConfig.from_env({**env, "RULES": "q"}).methods()) == ["target-only", "domino+q"]
 
 
 # -- Docker ---------------------------------------------------------------------------------
@@ -216,7 +234,8 @@ def test_gpu_check_script_smoke_runs_on_cpu():
     assert proc.stdout.strip().endswith("PASS") and "[rollout] domino sampled bs=32" in proc.stdout
 
 
-@pytest.mark.parametrize("run", ["hf-testbed", "sglang-testbed", "sglang-testbed-b8", "sglang-testbed-bf16"])
+@pytest.mark.parametrize("run", ["hf-testbed", "sglang-testbed", "sglang-testbed-b8", "sglang-testbed-bf16",
+                                 "sglang-testbed-t1.0", "sglang-testbed-t0.6"])
 def test_checked_in_results_reproduce_from_their_records(run):
     folder = os.path.join(ROOT, "benchmarks", "results", run)
     assert report.main([os.path.join(folder, "records.jsonl"), "--check", os.path.join(folder, "summary.md")]) == 0

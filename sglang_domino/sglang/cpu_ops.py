@@ -10,7 +10,10 @@ Implemented (call sites in the 0.5.23 wheel):
     (DFLASH draft block slots, `dflash_worker_v2.py:2561`) and `:760`
     (`fill_front_out_cache_loc_func`);
   * `copy_all_layer_kv_cache_cpu`   - `kernels/ops/kvcache/cache_move.py:191` (KV row
-    moves; imported at module load by every CPU process).
+    moves; imported at module load by every CPU process);
+  * `torch.ops.sgl_kernel.murmur_hash32_cpu` - `kernels/ops/sampling/murmur_hash.py:115`
+    (seeded sampling under `--enable-deterministic-inference`, `layers/sampler.py:958`, and
+    the q rule's seeded coins), registered as a torch op when the stand-in is built.
 
 Every other attribute resolves to a stub that raises `NotImplementedError` naming the
 op when *called* (SGLang imports many ops by name at module load, so the names must
@@ -86,6 +89,56 @@ def copy_all_layer_kv_cache_cpu(data_ptrs: torch.Tensor, strides: torch.Tensor,
             ctypes.memmove(base + int(t) * row_bytes, data, row_bytes)
 
 
+_U32 = 0xFFFFFFFF
+
+
+def _rotl32(x: torch.Tensor, r: int) -> torch.Tensor:
+    return ((x << r) | (x >> (32 - r))) & _U32
+
+
+def _mix(h: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """One MurmurHash3 (x86, 32-bit) block round; values are uint32 held in int64, whose
+    wrapping products keep the low 32 bits exact."""
+    k = _rotl32((k * 0xCC9E2D51) & _U32, 15)
+    k = (k * 0x1B873593) & _U32
+    h = _rotl32(h ^ k, 13)
+    return (h * 5 + 0xE6546B64) & _U32
+
+
+def murmur_hash32_cpu(seed: torch.Tensor, positions: torch.Tensor, col_indices: torch.Tensor) -> torch.Tensor:
+    """[n] seeds, [n] positions, [m] columns -> [n, m] hashes: MurmurHash3 over the four
+    4-byte blocks (seed low, seed high, position, column), length 16, as upstream's Triton
+    `murmur_hash32_kernel` (`kernels/ops/sampling/murmur_hash.py:51`) hashes them on GPU.
+    Returned as int64 holding the uint32 value (callers convert to float64)."""
+    seed = seed.reshape(-1).to(torch.int64)
+    h = torch.zeros_like(seed)
+    h = _mix(h, seed & _U32)
+    h = _mix(h, (seed >> 32) & _U32)
+    h = _mix(h, positions.reshape(-1).to(torch.int64) & _U32)[:, None]
+    h = _mix(h, (col_indices.reshape(-1).to(torch.int64) & _U32)[None, :])
+    h = h ^ 16
+    h = h ^ (h >> 16)
+    h = (h * 0x85EBCA6B) & _U32
+    h = h ^ (h >> 13)
+    h = (h * 0xC2B2AE35) & _U32
+    return h ^ (h >> 16)
+
+
+_torch_ops = None
+
+
+def register_torch_ops() -> None:
+    """`torch.ops.sgl_kernel.*` entries the CPU path calls (the real sgl_kernel registers
+    them from its C++ extension). Idempotent; skipped where an op of that name exists."""
+    global _torch_ops
+    if _torch_ops is not None or hasattr(torch.ops.sgl_kernel, "murmur_hash32_cpu"):
+        return
+    lib = torch.library.Library("sgl_kernel", "FRAGMENT")
+    lib.define("murmur_hash32_cpu(Tensor seed, Tensor positions, Tensor col_indices) -> Tensor")
+    lib.impl("murmur_hash32_cpu", murmur_hash32_cpu, "CPU")
+    _torch_ops = lib
+
+
 class MissingOpError(NotImplementedError):
     pass
 
@@ -118,6 +171,7 @@ def build_module(reason: str) -> types.ModuleType:
     mod.STANDIN_REASON = reason
     for name in IMPLEMENTED:
         setattr(mod, name, globals()[name])
+    register_torch_ops()
 
     def __getattr__(name: str):
         if name.startswith("__") and name.endswith("__"):

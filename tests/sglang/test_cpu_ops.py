@@ -123,3 +123,48 @@ def test_cpu_request_detection(monkeypatch, argv, env, want):
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     assert platform._cpu_requested(argv) is want
+
+
+def _murmur3_x86_32(data: bytes) -> int:
+    """MurmurHash3 x86 32-bit, seed 0, straight from its definition (little-endian blocks)."""
+    import struct
+
+    h = 0
+    for i in range(0, len(data), 4):
+        k = struct.unpack("<I", data[i:i + 4])[0]
+        k = (k * 0xCC9E2D51) & 0xFFFFFFFF
+        k = ((k << 15) | (k >> 17)) & 0xFFFFFFFF
+        k = (k * 0x1B873593) & 0xFFFFFFFF
+        h ^= k
+        h = ((h << 13) | (h >> 19)) & 0xFFFFFFFF
+        h = (h * 5 + 0xE6546B64) & 0xFFFFFFFF
+    h ^= len(data)
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+    return h ^ (h >> 16)
+
+
+def test_murmur_hash32_matches_the_hash_and_upstreams_triton_kernel():
+    """The stand-in's `torch.ops.sgl_kernel.murmur_hash32_cpu` (seeded sampling on CPU):
+    MurmurHash3 of (seed as u64, position as u32, column as u32), equal to 0.5.23's Triton
+    `murmur_hash32_kernel` (run here under TRITON_INTERPRET=1) on the same inputs."""
+    import struct
+
+    import triton
+    from sglang.kernels.ops.sampling.murmur_hash import murmur_hash32_kernel
+
+    from sglang_domino.sglang import cpu_ops
+
+    cpu_ops.register_torch_ops()
+    seed = torch.tensor([0, 42, 2**40 + 7, 2**63 - 1], dtype=torch.int64)
+    pos = torch.tensor([0, 5, 9, 2**31 + 3], dtype=torch.int64)
+    cols = torch.arange(0, 70, 7, dtype=torch.int64)
+    got = torch.ops.sgl_kernel.murmur_hash32_cpu.default(seed, pos, cols)
+    expected = [[_murmur3_x86_32(struct.pack("<QII", s, p, c)) for c in cols.tolist()]
+                for s, p in zip(seed.tolist(), pos.tolist())]
+    assert got.tolist() == expected
+    out = torch.empty((4, len(cols)), dtype=torch.int64)
+    murmur_hash32_kernel[(4, triton.cdiv(len(cols), 16))](seed, pos, cols, out, 4, len(cols), BLOCK_SIZE=16)
+    assert out.tolist() == expected

@@ -230,6 +230,31 @@ BAD_DRAFTS = [
 ]
 
 
+def test_resolution_of_the_rejection_sampling_flag(sglang_tmp, models):
+    """`--speculative-use-rejection-sampling` (0.5.23: EAGLE only) means the q rule for Domino
+    drafts; a plain DFlash draft and accept thresholds are refused with the reason."""
+    flag = "--speculative-use-rejection-sampling"
+    domino, dflash, thresholds = resolve(sglang_tmp, models, [
+        (models["domino"], ["--speculative-dflash-block-size", "16", flag]),
+        (models["dflash"], ["--speculative-dflash-block-size", "16", flag]),
+        (models["domino"], ["--speculative-dflash-block-size", "16", flag,
+                            "--speculative-accept-threshold-single", "0.5"]),
+    ])
+    assert domino["ok"], domino
+    assert not dflash["ok"] and "needs a Domino draft" in dflash["error"] and "point-mass rule" in dflash["error"]
+    assert not thresholds["ok"] and "--speculative-accept-threshold-single must be 1.0 (got 0.5)" in thresholds["error"]
+
+
+def test_rejection_sampling_help_says_what_it_means_with_dflash(sglang_tmp):
+    # `sglang serve --help` prints before it loads plugins (`cli/serve.py:195-207`); the
+    # server's own parser, which every launch goes through, carries the text.
+    proc = subprocess.run([sys.executable, "-m", "sglang.launch_server", "--help"],
+                          capture_output=True, text=True, timeout=300, env=server_env(sglang_tmp))
+    help_text = " ".join(proc.stdout.split())
+    assert "With DFLASH and a Domino draft (sglang-domino)" in help_text
+    assert "Refused for plain DFlash drafts" in help_text
+
+
 def test_resolution_refuses_a_draft_that_does_not_fit_the_target(sglang_tmp, models):
     results = resolve(sglang_tmp, models, [
         (_bad_draft(models, sglang_tmp, name, **changes), ["--speculative-dflash-block-size", "16"])
@@ -280,6 +305,14 @@ UPSTREAM = f"""
         load_weights=list(inspect.signature(mdf.DFlashDraftModel.load_weights).parameters),
         validate_request=list(inspect.signature(__import__("sglang.srt.managers.tokenizer_manager", fromlist=["x"]).TokenizerManager._validate_one_request).parameters),
         domino_check="logit_head" not in inspect.getsource(mdf) and "prefix_gru" in inspect.getsource(mdf.DFlashDraftModel.load_weights),
+        rollout_bound=w2.domino_greedy_rollout is du.domino_greedy_rollout,
+        rollout_params=list(inspect.signature(du.domino_greedy_rollout).parameters),
+        eager_rollout_call="draft_next = domino_greedy_rollout(" in inspect.getsource(w2.DFlashWorkerV2.forward_batch_generation),
+        sampler_gate="self._draft_sampler is not None" in inspect.getsource(w2.DFlashWorkerV2.forward_batch_generation),
+        gru_cell=list(inspect.signature(du._domino_gru_cell).parameters),
+        tp_sites={{"DFLASH_SELECTOR", "DFLASH_ACCEPT_SAMPLE"}} <= set(w2.SpecTpSyncSite.__members__),
+        rejection_field=hasattr(__import__("sglang.srt.server_args", fromlist=["x"]).ServerArgs(model_path="x"),
+                                "speculative_use_rejection_sampling"),
     )
     {emit()}
 """
@@ -308,6 +341,13 @@ def test_upstream_symbols_the_plugin_depends_on_are_still_there(sglang_tmp):
     assert r["load_weights"] == ["self", "weights"]
     assert r["validate_request"] == ["self", "obj", "input_ids"]
     assert r["domino_check"]
+    assert r["rollout_bound"] and r["eager_rollout_call"] and r["sampler_gate"] and r["tp_sites"]
+    assert r["rollout_params"] == ["draft_hidden", "bonus_tokens", "target_embedding", "lm_head_weight", "prefix_gru",
+                                   "embed_proj", "vocab_size", "shift_label", "candidate_pool_size", "tp_group",
+                                   "lm_head_org_vocab_start", "lm_head_num_org", "lm_head_num_org_padded",
+                                   "in_cuda_graph"]
+    assert r["gru_cell"] == ["prefix_gru", "input", "hidden"]
+    assert r["rejection_field"]
 
 
 RESERVE = f"""

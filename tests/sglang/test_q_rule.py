@@ -165,3 +165,4 @@ def test_a_wrong_residual_fails_the_distribution_check(start, known, sglang_tmp)
     assert abs(_z(accepted, q_rule)) < Z_MAX   # the acceptance test itself is unchanged
     _, z_tail = _second_token_z(body, known)
     assert z_tail > Z_MAX, z_tail
+
