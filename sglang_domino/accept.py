@@ -12,7 +12,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from .sampling import SamplingParams, sample, to_probs
+from .sampling import SamplingParams, to_probs
 
 
 def accepted_prefix(matches: torch.Tensor) -> torch.Tensor:

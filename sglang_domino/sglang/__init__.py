@@ -34,3 +34,21 @@ def plugin_disabled() -> bool:
     import os
 
     return os.environ.get(DISABLE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+_hooks_applied: set = set()
+
+
+def apply_hooks_once(name: str, hooks) -> bool:
+    """Register `hooks` ((upstream symbol, function, "AROUND" | "AFTER" | "BEFORE"), ...)
+    with 0.5.23's `HookRegistry` and apply them, once per process for `name`; returns
+    whether this call applied them."""
+    if name in _hooks_applied:
+        return False
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    for target, fn, kind in hooks:
+        HookRegistry.register(target, fn, getattr(HookType, kind))
+    HookRegistry.apply_hooks()
+    _hooks_applied.add(name)
+    return True

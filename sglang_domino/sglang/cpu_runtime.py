@@ -10,12 +10,13 @@ import logging
 
 import torch
 
+from . import apply_hooks_once
+
 logger = logging.getLogger(__name__)
 
 TORCH_NATIVE_FORWARD_EXTEND = (
     "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend.forward_extend"
 )
-_installed = False
 
 
 def _around_torch_native_forward_extend(original, self, q, k, v, layer, forward_batch, *args, **kwargs):
@@ -64,15 +65,9 @@ def _record_stream(self, stream):
 
 def install() -> None:
     """Once per (CPU scheduler) process."""
-    global _installed
-    if _installed:
-        return
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    HookRegistry.register(TORCH_NATIVE_FORWARD_EXTEND, _around_torch_native_forward_extend, HookType.AROUND)
-    HookRegistry.apply_hooks()
-    torch.Tensor.record_stream = _record_stream
-    _installed = True
+    if apply_hooks_once("cpu runtime", [(TORCH_NATIVE_FORWARD_EXTEND, _around_torch_native_forward_extend,
+                                          "AROUND")]):
+        torch.Tensor.record_stream = _record_stream
 
 
 @contextlib.contextmanager

@@ -28,10 +28,10 @@ import torch.nn.functional as F
 
 from ..accept import Uniforms, accept_probs, sample_inverse_cdf
 from ..rollout import propose_domino
+from . import apply_hooks_once
 
 ROLLOUT_TARGET = "sglang.srt.speculative.dflash_worker_v2.domino_greedy_rollout"
 _local = threading.local()
-_installed = False
 
 
 class UpstreamDominoHead:
@@ -76,11 +76,16 @@ class SampledStep:
     q_first: Optional[torch.Tensor] = None  # [bs, V]
     q_rest: list = field(default_factory=list)    # n - 1 x [bs, K or V]
     q_draft: list = field(default_factory=list)   # n x [bs]: q_k at the drawn token
+    rollout_coins: Optional[torch.Tensor] = None  # [bs, n], drawn once per rollout
 
     def to_probs(self, logits: torch.Tensor) -> torch.Tensor:
         """[bs, V] logits -> each request's distribution (temperature, top-k, top-p)."""
         from sglang.srt.speculative.dflash_utils import build_speculative_verify_target_probs
 
+        info = self.sampling_info
+        if not (getattr(info, "need_top_k_sampling", True) or getattr(info, "need_top_p_sampling", False)):
+            # upstream's transform without top-k / top-p (`dflash_utils.py:1054`, `:1094`)
+            return (logits.float() / info.temperatures).softmax(-1)
         return build_speculative_verify_target_probs(
             next_token_logits=logits.float(), sampling_info=self.sampling_info, draft_token_num=1,
             bs=int(logits.shape[0]))[:, 0].float()
@@ -99,7 +104,7 @@ class SampledStep:
         """`propose_domino`'s Pick: draw proposal k from q_k and record q_k; returns no
         probabilities, so the rollout stacks none."""
         probs = self.to_probs(logits)
-        token = sample_inverse_cdf(probs, self.coins(k, 1)[:, 0])
+        token = sample_inverse_cdf(probs, self.rollout_coins[:, k])
         self.q_draft.append(probs.gather(1, token[:, None])[:, 0])
         if k == 0:
             self.q_first = probs
@@ -177,6 +182,7 @@ def domino_sampled_rollout(step: SampledStep, **kw) -> torch.Tensor:
         # upstream's block-shared pool: top-K ids of max over proposals 1..n-1 of the base
         pool = torch.topk(base[:, 1:].amax(dim=1), k=pool_size, dim=-1, sorted=False).indices
     step.pool_ids = pool
+    step.rollout_coins = step.coins(0, n)
     head = UpstreamDominoHead(kw["prefix_gru"], kw["embed_proj"], pool, vocab)
     tokens = propose_domino(z, base, kw["bonus_tokens"], kw["target_embedding"], head, step.pick).tokens
     if step.sync_tokens is not None:
@@ -196,11 +202,4 @@ _around_rollout._sglang_domino = True
 
 
 def install() -> None:
-    global _installed
-    if _installed:
-        return
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    HookRegistry.register(ROLLOUT_TARGET, _around_rollout, HookType.AROUND)
-    HookRegistry.apply_hooks()
-    _installed = True
+    apply_hooks_once("sampled rollout", [(ROLLOUT_TARGET, _around_rollout, "AROUND")])

@@ -35,7 +35,7 @@ from sglang.srt.speculative.dflash_worker_v2 import (
 from sglang.srt.speculative.draft_worker_common import make_draft_block_spec_info
 
 from ..config import DOMINO_PROJECTORS
-from . import DRAFT_BLOCK_ENV, HF_WINDOW_ENV
+from . import DRAFT_BLOCK_ENV, HF_WINDOW_ENV, apply_hooks_once
 from . import cpu_runtime
 from .checks import check_draft_against_target, read_draft_config, read_target_config
 
@@ -55,7 +55,6 @@ def _register_domino_architecture() -> None:
 
 PARSE_DRAFT_CONFIG = "sglang.srt.speculative.dflash_utils.parse_dflash_draft_config"
 LOAD_DRAFT_WEIGHTS = "sglang.srt.models.dflash.DFlashDraftModel.load_weights"
-_compat_installed = False
 
 
 def _around_parse_dflash_draft_config(original, *args, draft_hf_config=None, **kwargs):
@@ -98,16 +97,9 @@ _around_load_weights._sglang_domino = True
 
 
 def install_checkpoint_compat() -> None:
-    global _compat_installed
-    if _compat_installed:
-        return
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    HookRegistry.register(PARSE_DRAFT_CONFIG, _around_parse_dflash_draft_config, HookType.AROUND)
-    HookRegistry.register(LOAD_DRAFT_WEIGHTS, _around_load_weights, HookType.AROUND)
-    HookRegistry.apply_hooks()
-    _register_domino_architecture()
-    _compat_installed = True
+    if apply_hooks_once("checkpoint compat", [(PARSE_DRAFT_CONFIG, _around_parse_dflash_draft_config, "AROUND"),
+                                              (LOAD_DRAFT_WEIGHTS, _around_load_weights, "AROUND")]):
+        _register_domino_architecture()
 
 
 class DominoDFlashWorker(DFlashWorkerV2):
@@ -383,11 +375,7 @@ _around_decode_alloc_lens._sglang_domino = True
 def reserve_draft_block(extra: int) -> None:
     """Reserve `extra` more KV slots per request and decode step (draft block - window)."""
     global _reserve_extra
-    if _reserve_extra == 0:
-        from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-        HookRegistry.register(RESERVATION_TARGET, _around_decode_alloc_lens, HookType.AROUND)
-        HookRegistry.apply_hooks()
+    apply_hooks_once("b8 reservation", [(RESERVATION_TARGET, _around_decode_alloc_lens, "AROUND")])
     _reserve_extra = int(extra)
 
 
