@@ -25,7 +25,8 @@ What it registers (all idempotent, `SGLANG_DOMINO_DISABLE=1` registers nothing):
     prompt token ids outside the vocabulary are refused (0.5.23 lets them crash the
     scheduler).
   * with the CPU engine on: `torch_native` appended to
-    `DRAFT_ATTENTION_BACKEND_CHOICES` (`srt/arg_groups/choices.py:103`).
+    `DRAFT_ATTENTION_BACKEND_CHOICES` (`srt/arg_groups/choices.py:103`); the thread
+    binding and process-group hooks of `cpu_parallel` (`--tp-size N` on CPU).
 """
 
 from __future__ import annotations
@@ -287,6 +288,10 @@ def register() -> None:
     register_resolution_hook(RESOLUTION_STEP)(_resolve_speculative)
     if _cpu_engine():
         from sglang.srt.arg_groups.choices import DRAFT_ATTENTION_BACKEND_CHOICES, add_draft_attention_backend_choices
+
+        from . import apply_hooks_once, cpu_parallel
+
+        apply_hooks_once("cpu tensor parallel", cpu_parallel.HOOKS)
 
         if "torch_native" not in DRAFT_ATTENTION_BACKEND_CHOICES:
             add_draft_attention_backend_choices(["torch_native"])

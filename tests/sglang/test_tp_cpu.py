@@ -1,0 +1,80 @@
+"""`--tp-size 2 --device cpu` end to end: two gloo ranks, no flag or environment variable
+beyond the single-rank command (`sglang_domino.sglang.cpu_parallel`).
+
+Greedy output of the TP 2 plain server is the TP 1 output (float32, the tiny target);
+DFlash and Domino at TP 2, verify width 16 and 8, are token for token the TP 2 plain
+server's, with the vocabulary-parallel Domino rollout running through real gloo groups;
+8 concurrent streams and an abort give the plain text back and every KV slot; stopping
+the server leaves no rank running."""
+
+from __future__ import annotations
+
+import pytest
+
+import test_e2e_cpu as e2e
+from conftest import BASE_ARGS, _alive, spec_args
+
+pytestmark = pytest.mark.sglang_e2e
+
+TP = ["--tp-size", "2"]
+IDS = e2e.HF_PROMPTS
+CONFIGS = {"dflash": ("dflash", None), "domino": ("domino", None), "domino_w8": ("domino", 8)}
+
+
+def _outputs(server):
+    return [e2e._generate_ids(server, ids)["output_ids"] for ids in IDS]
+
+
+@pytest.fixture(scope="module")
+def tp1(models, start):
+    server = start(["--model-path", models["target"], *BASE_ARGS], "tp1-plain")
+    try:
+        return {"ids": _outputs(server), "streams": [e2e._completion_n(server, p, n)
+                                                      for p, n in zip(e2e.STREAM_PROMPTS, e2e.STREAM_LENGTHS)]}
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def tp2_plain(models, start):
+    server = start(["--model-path", models["target"], *BASE_ARGS, *TP], "tp2-plain")
+    try:
+        log = server.log()
+        return {"ids": _outputs(server), "log": log, "children": set(server.children), "server": server}
+    finally:
+        server.stop()
+
+
+def test_tp2_plain_server_gives_the_tp1_output_and_stops_every_rank(tp1, tp2_plain):
+    assert tp2_plain["ids"] == tp1["ids"]
+    log = tp2_plain["log"]
+    assert "this CPU rank runs on cores" in log          # each rank pinned to its share
+    assert "Expected a cuda device" not in log
+    # the server and both ranks (scheduler processes) are gone after stop()
+    children = tp2_plain["children"]
+    assert len(children) >= 2
+    assert not any(_alive(pid) for pid in children | {tp2_plain["server"].proc.pid})
+
+
+@pytest.fixture(scope="module", params=list(CONFIGS))
+def tp2_spec(request, models, start):
+    kind, width = CONFIGS[request.param]
+    server = start(spec_args(models, kind, width) + TP, f"tp2-{request.param}")
+    server.config = request.param
+    yield server
+    server.stop()
+    assert not any(_alive(pid) for pid in server.children)
+
+
+def test_tp2_speculative_output_equals_tp2_plain(tp2_spec, tp2_plain):
+    bodies = [e2e._generate_ids(tp2_spec, ids) for ids in IDS]
+    assert [b["output_ids"] for b in bodies] == tp2_plain["ids"], tp2_spec.config
+    assert all(b["meta_info"]["spec_verify_ct"] > 0 for b in bodies)
+    # drafts were right often enough for multi-token commits on these prompts
+    steps = sum(b["meta_info"]["spec_verify_ct"] for b in bodies)
+    assert steps < len(IDS) * (e2e.MAX_TOKENS - 1)
+
+
+@pytest.mark.parametrize("tp2_spec", ["domino"], indirect=True)
+def test_tp2_streams_and_abort_free_every_kv_slot(tp2_spec, tp1):
+    e2e.test_concurrent_streams_complete_and_free_their_kv(tp2_spec, {"streams": tp1["streams"]})
