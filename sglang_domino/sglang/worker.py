@@ -1,7 +1,8 @@
 """`DominoDFlashWorker`: sglang 0.5.23's `DFlashWorkerV2` with this project's deltas.
 
-Overrides (everything else, including the ~680-line `forward_batch_generation`, the
-draft block, the Domino rollout and the KV bookkeeping, is upstream's):
+Overrides (everything else, including the body of the ~680-line
+`forward_batch_generation`, the draft block, the greedy Domino rollout and the KV
+bookkeeping, is upstream's):
   * `__init__`: checks the draft through `sglang_domino.config.DraftConfig` against the
     target before anything is built; registers the `DominoDraftModel` architecture;
     on CPU installs `cpu_runtime` and builds the upstream worker with the Domino device
@@ -10,6 +11,10 @@ draft block, the Domino rollout and the KV bookkeeping, is upstream's):
     from the verify window (b8, the Transformers window): see `_resolve_draft_block`.
   * `init_cuda_graphs`, `_maybe_build_draft_sampler`: the draft graph captured, and the
     eager rollout used, for that draft block.
+  * `forward_batch_generation` (a wrapper), `_accept_block`: sampled requests verified
+    exactly where 0.5.23 has no kernel (point-mass rule), and with
+    `--speculative-use-rejection-sampling` proposed from the Domino draft's q and
+    accepted with min(1, p/q) (`sampled_draft`).
   * hooks installed from `__init__` (scheduler only): `parse_dflash_draft_config` reads
     the `causal_v5` alias as `domino`; `DFlashDraftModel.load_weights` sees names through
     `sglang_domino.checkpoint.normalize_keys` (legacy `logit_head.*` keys); with b8, the
@@ -299,13 +304,7 @@ class DominoDFlashWorker(DFlashWorkerV2):
         width = int(candidates.shape[1])
         target_probs = self._target_probs(next_token_logits=kwargs["next_token_logits"], sampling_info=sampling_info,
                                           draft_input=draft_input, bs=bs, width=width)
-        accept_len, bonus = accept_probs(candidates[:, 1:], None, target_probs)
-        accept_len = accept_len.to(torch.int32)
-        # every TP rank must commit the same tokens (upstream syncs its sampled path alike)
-        self._tp_sync.sync(SpecTpSyncSite.DFLASH_ACCEPT_SAMPLE, accept_len)
-        self._tp_sync.sync(SpecTpSyncSite.DFLASH_ACCEPT_SAMPLE, bonus)
-        out_tokens, commit_lens = _commit_accept(candidates, accept_len, bonus)
-        return accept_len, commit_lens, bonus, out_tokens, None
+        return self._commit_sampled(candidates, *accept_probs(candidates[:, 1:], None, target_probs))
 
     def _target_probs(self, *, next_token_logits, sampling_info, draft_input, bs, width):
         from sglang.srt.speculative.dflash_utils import build_speculative_verify_target_probs
@@ -325,7 +324,11 @@ class DominoDFlashWorker(DFlashWorkerV2):
             raise RuntimeError("sglang-domino: the verified block is not the sampled rollout's proposals")
         target_probs = self._target_probs(next_token_logits=next_token_logits, sampling_info=sampling_info,
                                           draft_input=draft_input, bs=bs, width=width)
-        accept_len, bonus = step.accept(drafts, target_probs)
+        return self._commit_sampled(candidates, *step.accept(drafts, target_probs))
+
+    def _commit_sampled(self, candidates, accept_len, bonus):
+        """`_accept_block`'s result for a sampled verify; every TP rank commits rank 0's
+        decision (upstream syncs its sampled path alike, `dflash_worker_v2.py:2222-2223`)."""
         accept_len = accept_len.to(torch.int32)
         self._tp_sync.sync(SpecTpSyncSite.DFLASH_ACCEPT_SAMPLE, accept_len)
         self._tp_sync.sync(SpecTpSyncSite.DFLASH_ACCEPT_SAMPLE, bonus)

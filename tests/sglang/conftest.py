@@ -210,8 +210,10 @@ SPEC_CONFIGS = {
     "domino_hf17": ("domino", "hf"),
     # sampled requests verified with the draft's own q (`--speculative-use-rejection-sampling`)
     "domino_q": ("domino", None),
+    "domino_q_w8": ("domino", 8),
 }
-SPEC_FLAGS = {"domino_q": ["--speculative-use-rejection-sampling"]}
+SPEC_FLAGS = {"domino_q": ["--speculative-use-rejection-sampling"],
+              "domino_q_w8": ["--speculative-use-rejection-sampling"]}
 
 
 def spec_args(models, kind: str, width: Optional[int]) -> list[str]:
