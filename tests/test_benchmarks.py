@@ -240,3 +240,13 @@ def test_gpu_check_script_smoke_runs_on_cpu():
 def test_checked_in_results_reproduce_from_their_records(run):
     folder = os.path.join(ROOT, "benchmarks", "results", run)
     assert report.main([os.path.join(folder, "records.jsonl"), "--check", os.path.join(folder, "summary.md")]) == 0
+
+
+def test_numerics_comparison_finds_the_first_differing_token():
+    from benchmarks.sglang_numerics import compare, first_difference
+
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert first_difference([1, 2], [1, 2, 3]) == 2          # one output stops early
+    r = compare([[1, 2, 3], [4, 5], [6]], [[1, 2, 3], [4, 0], [7]])
+    assert r == {"requests": 3, "differ": 2, "first_difference": [1, 0], "median_first_difference": 1}
