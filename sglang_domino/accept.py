@@ -58,8 +58,9 @@ def accept_probs(draft_tokens: torch.Tensor, draft_probs: Optional[torch.Tensor]
     `draft_probs` [b, n, V] is q; None means a greedy draft (q a point mass on each
     draft token: accept with probability p(d), on rejection draw from p without d).
     Draft k is accepted when u_k * q(d_k) < p(d_k) and q(d_k) > 0; the next token is
-    the first index whose running residual mass exceeds u_final * total mass (the draws
-    of SGLang 0.5.23's chain kernel, `sglang_domino.kernels.chain_accept`)."""
+    the first index whose running residual mass exceeds u_final * total mass: the draws
+    the Triton kernel `sglang_domino.kernels.chain_accept` makes (and 0.5.23's
+    `chain_speculative_sampling_triton`), so fixed uniforms give both the same tokens."""
     b, n = draft_tokens.shape
     p = target_probs.float()
     if uniforms is None:
