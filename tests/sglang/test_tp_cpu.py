@@ -9,10 +9,12 @@ the server leaves no rank running."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 import test_e2e_cpu as e2e
-from conftest import BASE_ARGS, _alive, spec_args
+from conftest import BASE_ARGS, _alive, spec_args, start_server
 
 pytestmark = pytest.mark.sglang_e2e
 
@@ -78,3 +80,10 @@ def test_tp2_speculative_output_equals_tp2_plain(tp2_spec, tp2_plain):
 @pytest.mark.parametrize("tp2_spec", ["domino"], indirect=True)
 def test_tp2_streams_and_abort_free_every_kv_slot(tp2_spec, tp1):
     e2e.test_concurrent_streams_complete_and_free_their_kv(tp2_spec, {"streams": tp1["streams"]})
+
+
+def test_more_ranks_than_cores_stops_the_server_with_the_reason(models, sglang_tmp):
+    ranks = len(os.sched_getaffinity(0)) + 1
+    with pytest.raises(RuntimeError, match=f"= {ranks} ranks on CPU needs a core per rank"):
+        start_server(["--model-path", models["target"], *BASE_ARGS, "--tp-size", str(ranks)], sglang_tmp,
+                     f"tp{ranks}-refused")
