@@ -66,9 +66,9 @@ def known(sglang_tmp):
     return paths
 
 
-def _serve(start, known, name, rule_flag=True, env=None):
+def _serve(start, known, name, rule_flag=True, env=None, extra=()):
     args = ["--model-path", known["target"], *BASE_ARGS, "--speculative-algorithm", "DFLASH",
-            "--speculative-draft-model-path", known["draft"], "--speculative-dflash-block-size", str(BLOCK)]
+            "--speculative-draft-model-path", known["draft"], "--speculative-dflash-block-size", str(BLOCK), *extra]
     if rule_flag:
         args.append("--speculative-use-rejection-sampling")
     return start(args, name, env=env)
@@ -166,3 +166,18 @@ def test_a_wrong_residual_fails_the_distribution_check(start, known, sglang_tmp)
     _, z_tail = _second_token_z(body, known)
     assert z_tail > Z_MAX, z_tail
 
+
+
+def test_q_rule_at_tp2(start, known):
+    """`--tp-size 2`: the sampled rollout gathers the vocabulary-parallel base logits over
+    real gloo groups and every rank commits rank 0's tokens; acceptance and output as at TP 1."""
+    server = _serve(start, known, "known-q-tp2", extra=("--tp-size", "2"))
+    try:
+        body = _rows(server)
+    finally:
+        server.stop()
+    accepted, q_rule, point_mass = _first_acceptance(body, known)
+    assert abs(_z(accepted, q_rule)) < Z_MAX, (accepted, float(q_rule.sum()))
+    assert _z(accepted, point_mass) > 3 * Z_MAX
+    z_top, z_tail = _second_token_z(body, known)
+    assert abs(z_top) < Z_MAX and abs(z_tail) < Z_MAX, (z_top, z_tail)
