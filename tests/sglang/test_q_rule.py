@@ -27,6 +27,7 @@ import torch
 
 import tiny
 from conftest import BASE_ARGS, BLOCK, server_env
+from sglang_domino.sampling import SamplingParams, to_probs
 
 pytestmark = pytest.mark.sglang_e2e
 
@@ -34,6 +35,7 @@ PROMPT = [5, 77, 300, 41, 9]
 ROWS = 1000
 TEMPERATURE = 1.0
 Z_MAX = 4.5
+TRUNCATED = {"temperature": 0.8, "top_k": 40, "top_p": 0.9}
 
 WRONG_RULE = textwrap.dedent('''
     # test-only: resample a rejection (and the bonus) from p, not from norm(max(0, p - q))
@@ -63,6 +65,10 @@ def known(sglang_tmp):
     torch.testing.assert_close(direct[-2:], p_logits[[PROMPT[-1], 7]], rtol=1e-4, atol=1e-3)
     paths["p"] = (p_logits / TEMPERATURE).double().softmax(-1)
     paths["q"] = (q_logits / TEMPERATURE).double().softmax(-1)
+    # the same pair under a request's top-k and top-p (the project's `to_probs`, whose
+    # order and boundaries are 0.5.23's verify transform's)
+    params = SamplingParams(temperature=TRUNCATED["temperature"], top_k=TRUNCATED["top_k"], top_p=TRUNCATED["top_p"])
+    paths["truncated"] = {"p": to_probs(p_logits, params).double(), "q": to_probs(q_logits, params).double()}
     return paths
 
 
@@ -74,8 +80,8 @@ def _serve(start, known, name, rule_flag=True, env=None, extra=()):
     return start(args, name, env=env)
 
 
-def _rows(server):
-    params = {"max_new_tokens": 3, "ignore_eos": True, "temperature": TEMPERATURE}
+def _rows(server, sampling=None):
+    params = {"max_new_tokens": 3, "ignore_eos": True, **(sampling or {"temperature": TEMPERATURE})}
     status, body = server.post("/generate", {"input_ids": [PROMPT] * ROWS, "sampling_params": params})
     assert status == 200, body
     assert all(len(r["output_ids"]) == 3 for r in body)
@@ -118,21 +124,34 @@ def q_rule_rows(start, known):
     server = _serve(start, known, "known-q")
     try:
         assert "sampled verify=q rule" in server.log()
-        return _rows(server)
+        return {"plain": _rows(server), "truncated": _rows(server, TRUNCATED)}
     finally:
         server.stop()
 
 
 def test_q_rule_accepts_with_sum_of_min_p_q(q_rule_rows, known):
-    accepted, q_rule, point_mass = _first_acceptance(q_rule_rows, known)
+    accepted, q_rule, point_mass = _first_acceptance(q_rule_rows["plain"], known)
     assert abs(_z(accepted, q_rule)) < Z_MAX, (accepted, float(q_rule.sum()))
     # and not with the point-mass rule's p(argmax q): the two are far apart here
     assert _z(accepted, point_mass) > 3 * Z_MAX, (accepted, float(point_mass.sum()))
 
 
 def test_q_rule_emits_the_target_distribution(q_rule_rows, known):
-    z_top, z_tail = _second_token_z(q_rule_rows, known)
+    z_top, z_tail = _second_token_z(q_rule_rows["plain"], known)
     assert abs(z_top) < Z_MAX and abs(z_tail) < Z_MAX, (z_top, z_tail)
+
+
+def test_q_rule_under_top_k_and_top_p(q_rule_rows, known):
+    """Requests with temperature, top-k and top-p: q is drawn under the same truncation as
+    p, the acceptance is Σ min(p, q) of the truncated pair, the output follows truncated p."""
+    body, truncated = q_rule_rows["truncated"], known["truncated"]
+    accepted, q_rule, point_mass = _first_acceptance(body, truncated)
+    assert abs(_z(accepted, q_rule)) < Z_MAX, (accepted, float(q_rule.sum()))
+    assert abs(_z(accepted, point_mass)) > Z_MAX, (accepted, float(point_mass.sum()))
+    z_top, z_tail = _second_token_z(body, truncated)
+    assert abs(z_top) < Z_MAX and abs(z_tail) < Z_MAX, (z_top, z_tail)
+    p = truncated["p"]
+    assert all(float(p[r["output_ids"][0], r["output_ids"][1]]) > 0 for r in body)   # never outside top-k/top-p
 
 
 def test_point_mass_rule_without_the_flag(start, known):
