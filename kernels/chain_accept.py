@@ -58,6 +58,17 @@ DEFAULT_BLOCK = 4096
 
 
 @triton.jit
+def _pool_tile(pool, q_row, row, s, offs, K, V):
+    """One tile of a pool row: (in range, clamped ids, q on the pool, p at those ids)."""
+    m = s + offs < K
+    ids = tl.load(pool + s + offs, mask=m, other=0)
+    ids = tl.minimum(tl.maximum(ids, 0), V - 1)
+    q = tl.load(q_row + s + offs, mask=m, other=0.0)
+    p = tl.load(row + ids, mask=m, other=0.0)
+    return m, ids, q, p
+
+
+@triton.jit
 def _residual(p, q_first_row, idx, m, sub_first, drop, d_j, POINT_MASS: tl.constexpr):
     """One block of the weights to sample from: max(p - q_first, 0) when sub_first, p
     without d_j when drop (point mass), else p as read."""
@@ -107,11 +118,7 @@ def _chain_accept_kernel(draft_ptr, q_draft_ptr, q_first_ptr, pool_ptr, q_rest_p
             res_pos = 0
             pool_pos = 0
             for s in range(0, K, BLOCK):
-                m = s + offs < K
-                ids = tl.load(pool + s + offs, mask=m, other=0)
-                ids = tl.minimum(tl.maximum(ids, 0), V - 1)
-                q = tl.load(q_row + s + offs, mask=m, other=0.0)
-                p = tl.load(row + ids, mask=m, other=0.0)
+                m, ids, q, p = _pool_tile(pool, q_row, row, s, offs, K, V)
                 r = tl.maximum(p - q, 0.0)
                 res_pos += tl.sum(((r > 0) & m).to(tl.int32), axis=0)
                 pool_pos += tl.sum(((p > 0) & m).to(tl.int32), axis=0)
@@ -125,11 +132,7 @@ def _chain_accept_kernel(draft_ptr, q_draft_ptr, q_first_ptr, pool_ptr, q_rest_p
                 has_mass = row_pos > pool_pos
             if has_mass:
                 for s in range(0, K, BLOCK):
-                    m = s + offs < K
-                    ids = tl.load(pool + s + offs, mask=m, other=0)
-                    ids = tl.minimum(tl.maximum(ids, 0), V - 1)
-                    q = tl.load(q_row + s + offs, mask=m, other=0.0)
-                    p = tl.load(row + ids, mask=m, other=0.0)
+                    m, ids, q, p = _pool_tile(pool, q_row, row, s, offs, K, V)
                     tl.store(row + ids, tl.maximum(p - q, 0.0), mask=m)
     # The scatter's writes must be visible to every thread of the passes below.
     tl.debug_barrier()

@@ -215,11 +215,11 @@ def _resolve_speculative(server_args, previous):
     else:
         previous(server_args)
 
-    _check_draft(resolving_view(server_args))
-    _check_rejection_sampling(resolving_view(server_args))
+    cfg = resolving_view(server_args)
+    _check_rejection_sampling(cfg, _check_draft(cfg))
 
 
-def _check_rejection_sampling(cfg) -> None:
+def _check_rejection_sampling(cfg, draft) -> None:
     """0.5.23 reads `--speculative-use-rejection-sampling` for EAGLE only; for DFLASH this
     plugin gives it a meaning, the q rule, and only for Domino drafts (whose rollout
     defines q). A DFlash draft's positions are independent, and sampling them from their
@@ -227,9 +227,6 @@ def _check_rejection_sampling(cfg) -> None:
     the flag rather than ignore it."""
     if not cfg.speculative_use_rejection_sampling:
         return
-    from .checks import read_draft_config
-
-    draft = read_draft_config(cfg.speculative_draft_model_path, cfg.speculative_draft_model_revision)
     if draft is not None and not draft.is_domino:
         raise ValueError(
             "--speculative-use-rejection-sampling with DFLASH needs a Domino draft "
@@ -259,14 +256,16 @@ def _hf_window_draft_block(cfg, block, ndt) -> int:
     return draft_block
 
 
-def _check_draft(cfg) -> None:
-    """Refuse a draft that cannot run on the target before any process is spawned."""
+def _check_draft(cfg):
+    """Refuse a draft that cannot run on the target before any process is spawned;
+    returns its `DraftConfig` (None when it cannot be read here)."""
     from .checks import check_draft_against_target, read_draft_config, read_target_config
 
     draft = read_draft_config(cfg.speculative_draft_model_path, cfg.speculative_draft_model_revision)
     target = read_target_config(cfg.model_path, getattr(cfg, "revision", None))
     if draft is not None and target is not None:
         check_draft_against_target(draft, target)
+    return draft
 
 
 _resolve_speculative._sglang_domino = True

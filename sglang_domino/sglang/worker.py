@@ -43,6 +43,7 @@ from ..config import DOMINO_PROJECTORS
 from . import DRAFT_BLOCK_ENV, HF_WINDOW_ENV, apply_hooks_once
 from . import cpu_runtime
 from .checks import check_draft_against_target, read_draft_config, read_target_config
+from .sampled_draft import SampledStep, active_step, sampled_step
 
 logger = logging.getLogger(__name__)
 
@@ -267,8 +268,6 @@ class DominoDFlashWorker(DFlashWorkerV2):
         if (not self.q_rule or batch.forward_mode.is_extend() or batch.is_extend_in_batch
                 or _is_all_greedy(batch.sampling_info)):
             return super().forward_batch_generation(batch, *args, **kwargs)
-        from .sampled_draft import SampledStep, sampled_step
-
         step = SampledStep(batch.sampling_info, batch.seq_lens,
                            sync_tokens=lambda t: self._tp_sync.sync(SpecTpSyncSite.DFLASH_SELECTOR, t))
         sampler, self._draft_sampler = self._draft_sampler, None
@@ -289,8 +288,6 @@ class DominoDFlashWorker(DFlashWorkerV2):
         `dflash_utils.py:1038`). Greedy rows of a mixed batch have top-k 1, a point mass
         on the argmax, so they stay token for token the target's."""
         sampling_info = kwargs["sampling_info"]
-        from .sampled_draft import active_step
-
         step = active_step() if self.q_rule else None
         if step is not None and step.tokens is not None and not _is_all_greedy(sampling_info):
             return self._accept_q_rule(step, **kwargs)
