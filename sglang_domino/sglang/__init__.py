@@ -28,6 +28,10 @@ HF_WINDOW_ENV = "SGLANG_DOMINO_HF_WINDOW"
 # process to the spawned schedulers (ServerArgs keeps only its own fields, and 0.5.23
 # has one field for both, `speculative_num_draft_tokens`).
 DRAFT_BLOCK_ENV = "SGLANG_DOMINO_DRAFT_BLOCK"
+# `--speculative-adaptive` with DFLASH: the validated `AdaptiveWidthConfig` as JSON, carried
+# to the schedulers the same way (0.5.23's own field is declared off: its EAGLE machinery
+# would read the config file as EAGLE's).
+ADAPTIVE_ENV = "SGLANG_DOMINO_ADAPTIVE"
 
 
 def plugin_disabled() -> bool:

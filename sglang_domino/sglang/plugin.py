@@ -35,7 +35,7 @@ import argparse
 import logging
 import os
 
-from . import DRAFT_BLOCK_ENV, HF_WINDOW_ENV, plugin_disabled
+from . import ADAPTIVE_ENV, DRAFT_BLOCK_ENV, HF_WINDOW_ENV, plugin_disabled
 
 logger = logging.getLogger(__name__)
 
@@ -183,6 +183,9 @@ def _resolve_speculative(server_args, previous):
     ndt = cfg.speculative_num_draft_tokens
     hf_window = os.environ.get(HF_WINDOW_ENV, "").strip().lower() in ("1", "true", "yes", "on")
     os.environ.pop(DRAFT_BLOCK_ENV, None)
+    os.environ.pop(ADAPTIVE_ENV, None)
+    if cfg.speculative_adaptive:
+        _resolve_adaptive(server_args, cfg, hf_window)
     draft_block = window = None
     if hf_window:
         # Transformers-backend window for shift_label Domino drafts: B proposals from the
@@ -217,6 +220,29 @@ def _resolve_speculative(server_args, previous):
 
     cfg = resolving_view(server_args)
     _check_rejection_sampling(cfg, _check_draft(cfg))
+
+
+def _resolve_adaptive(server_args, cfg, hf_window: bool) -> None:
+    """`--speculative-adaptive` with DFLASH: a verify width chosen per decode step
+    (`sglang_domino.verify_width`). 0.5.23 supports the flag for EAGLE only and turns it off
+    for DFLASH with a warning (`adaptive_spec_params.py:56-64`, `speculative_hook.py:1373-1390`);
+    here it is declared off for upstream (whose EAGLE machinery would read
+    `--speculative-adaptive-config` as EAGLE's, `model_runner.py:907-917`) and the validated
+    settings travel to the schedulers in ADAPTIVE_ENV."""
+    from sglang.srt.arg_groups.overrides import declare_resolution
+
+    from ..verify_width import AdaptiveWidthConfig
+
+    if hf_window:
+        raise ValueError(f"--speculative-adaptive cannot be combined with {HF_WINDOW_ENV}=1 (a fixed window of "
+                         "draft block + 1); unset one of them")
+    if cfg.speculative_draft_window_size is not None:
+        raise ValueError(
+            f"--speculative-adaptive with DFLASH needs the full draft cache: drop "
+            f"--speculative-draft-window-size {cfg.speculative_draft_window_size}")
+    settings = AdaptiveWidthConfig.load(cfg.speculative_adaptive_config)
+    declare_resolution(server_args, SOURCE, speculative_adaptive=False)
+    os.environ[ADAPTIVE_ENV] = settings.model_dump_json()
 
 
 def _check_rejection_sampling(cfg, draft) -> None:

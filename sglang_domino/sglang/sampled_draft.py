@@ -192,6 +192,11 @@ def domino_sampled_rollout(step: SampledStep, **kw) -> torch.Tensor:
 
 
 def _around_rollout(original, *args, **kwargs):
+    hidden = kwargs.get("draft_hidden")
+    if hidden is not None and hidden.shape[1] <= 1:
+        # a width-1 step (adaptive verify width): nothing to propose; upstream's rollout
+        # assumes at least one proposal
+        return torch.empty((hidden.shape[0], 0), dtype=torch.int64, device=hidden.device)
     step = active_step()
     if step is None or kwargs.get("in_cuda_graph"):
         return original(*args, **kwargs)

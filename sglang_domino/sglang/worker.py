@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+from types import SimpleNamespace
 
 import torch
 from sglang.srt.runtime_context import get_spec
@@ -42,8 +43,11 @@ from sglang.srt.speculative.draft_worker_common import make_draft_block_spec_inf
 from ..config import DOMINO_PROJECTORS
 from . import DRAFT_BLOCK_ENV, HF_WINDOW_ENV, apply_hooks_once
 from . import cpu_runtime
+from ..verify_width import AdaptiveWidth, FixedWidth
+from . import sampled_draft
 from .checks import check_draft_against_target, read_draft_config, read_target_config
 from .sampled_draft import SampledStep, active_step, sampled_step
+from .step_width import StepClock, WidthSwitch, adaptive_config, broadcast_width
 
 logger = logging.getLogger(__name__)
 
@@ -133,33 +137,49 @@ class DominoDFlashWorker(DFlashWorkerV2):
         if self.draft_model_runner.dtype != torch.bfloat16:
             cpu_runtime.keep_input_embeds_dtype(self.draft_model_runner)
 
-        self.draft_block = self._resolve_draft_block()
+        adaptive = adaptive_config()
+        self.draft_block = self._resolve_draft_block(adaptive is not None)
+        self.width_policy = (AdaptiveWidth(adaptive.for_window(int(self.block_size))) if adaptive is not None
+                             else FixedWidth(int(self.block_size)))
+        self._widths = WidthSwitch(self)
+        self._clock = StepClock()
+        self._pending = None
+        if adaptive is not None:
+            sampled_draft.install()  # answers width-1 steps' rollout with no proposals
         # argument resolution refuses the flag for drafts that are not Domino
         self.q_rule = bool(get_spec().speculative_use_rejection_sampling) and self._is_domino
         logger.info(
             "sglang-domino DFLASH worker: device=%s, draft block=%s, verify width=%s, domino=%s, "
-            "sampled verify=%s", self.device, self.draft_block, self.block_size, self._is_domino,
+            "sampled verify=%s", self.device, self.draft_block,
+            f"adaptive {self.width_policy.widths}" if adaptive is not None else self.block_size, self._is_domino,
             "q rule (draft sampled from q, min(1, p/q))" if self.q_rule else "point mass")
-        self._log_first_verify()
+        self._wrap_target_verify()
 
-    def _log_first_verify(self) -> None:
-        """Log the width of the first target verify this worker runs (the target's call at
-        `dflash_worker_v2.py:2875`), then step aside: what the target really computed per
-        request, for operators and for the end-to-end tests of b8."""
+    def _wrap_target_verify(self) -> None:
+        """Around the target's verify call (`dflash_worker_v2.py:2875`): log the width of the
+        first verify (what the target really computed per request, for operators and for
+        the end-to-end tests of b8); a verify narrower than the home width runs eager, the
+        target's decode graphs being captured at the home width
+        (`decode_cuda_graph_runner.py:349-361`, replay needs equal widths `:860-869`)."""
         target = self._target_worker
         original = target.forward_batch_generation
+        home = int(self.block_size)
+        logged = []
 
         def forward_batch_generation(*args, **kwargs):
             fb = kwargs.get("forward_batch")
             if kwargs.get("is_verify") and fb is not None and int(fb.batch_size) > 0:
-                target.forward_batch_generation = original
-                logger.info("sglang-domino first verify: the target computed %d tokens for %d request(s)",
-                            int(fb.input_ids.numel()), int(fb.batch_size))
+                if int(self.block_size) != home:
+                    fb.can_run_decode_cuda_graph = False
+                if not logged:
+                    logged.append(True)
+                    logger.info("sglang-domino first verify: the target computed %d tokens for %d request(s)",
+                                int(fb.input_ids.numel()), int(fb.batch_size))
             return original(*args, **kwargs)
 
         target.forward_batch_generation = forward_batch_generation
 
-    def _resolve_draft_block(self) -> int:
+    def _resolve_draft_block(self, adaptive: bool) -> int:
         """`self.block_size` is the verify window, what the scheduler accounts in
         (`speculative_num_draft_tokens`). The draft block differs from it in two modes,
         both set up by argument resolution (DRAFT_BLOCK_ENV):
@@ -167,12 +187,15 @@ class DominoDFlashWorker(DFlashWorkerV2):
             proposals are verified, so the target computes W positions per request.
           * SGLANG_DOMINO_HF_WINDOW: window = B + 1 for a `shift_label` Domino draft; the
             rollout proposes B tokens from slots 0..B-1, as the Transformers backend.
+        With an adaptive width the draft runs on its block at every width below it.
         Upstream proposes from a block as wide as the window (algorithm.md 4.5)."""
         raw = os.environ.get(DRAFT_BLOCK_ENV)
         window = int(self.block_size)
-        if not raw or int(raw) == window:
+        draft_block = int(raw) if raw else window  # refused with a compact draft cache
+        if draft_block == window:
+            if adaptive:
+                self._run_draft_on_block(draft_block)
             return window
-        draft_block = int(raw)  # argument resolution refused it with a compact draft cache
         if draft_block < window and not (self._is_domino and bool(self.draft_model.shift_label)
                                          and window == draft_block + 1):
             raise ValueError(
@@ -204,12 +227,12 @@ class DominoDFlashWorker(DFlashWorkerV2):
 
         runner = self.draft_model_runner
         original = runner.forward
-        window = int(self.block_size)
         target_runner = self.model_runner  # its KV pools are allocated after __init__
         offsets = torch.arange(draft_block, device=self.device, dtype=torch.int64)
         mask_id = int(self._mask_token_id)
+        hidden_size = int(self.draft_model.config.hidden_size)
 
-        def resize(t, fill=None):
+        def resize(t, window, fill=None):
             """[bs * window, ...] -> [bs * draft_block, ...]; new slots repeat `fill` or
             the last window slot (a mask slot: slot 0 is the only non-mask one)."""
             rows = t.view(-1, window, *t.shape[1:])
@@ -223,13 +246,18 @@ class DominoDFlashWorker(DFlashWorkerV2):
             return out.reshape(-1, *t.shape[1:])
 
         def forward(forward_batch, *args, **kwargs):
-            bs = int(forward_batch.batch_size)
-            if (not forward_batch.forward_mode.is_target_verify() or forward_batch.input_embeds is None
-                    or forward_batch.input_ids.numel() != bs * window):
+            bs, window = int(forward_batch.batch_size), int(self.block_size)  # this step's width
+            if (window == draft_block or not forward_batch.forward_mode.is_target_verify()
+                    or forward_batch.input_embeds is None or forward_batch.input_ids.numel() != bs * window):
                 return original(forward_batch, *args, **kwargs)
+            if window == 1:
+                # a plain decode step: no proposal to draft; the draft's context cache is
+                # written from the target's hidden states after the verify, as every step
+                hidden = torch.zeros(bs, hidden_size, dtype=runner.dtype, device=forward_batch.input_ids.device)
+                return SimpleNamespace(logits_output=SimpleNamespace(hidden_states=hidden), can_run_graph=False)
             fb = copy.copy(forward_batch)
-            fb.input_ids = resize(forward_batch.input_ids, fill=mask_id)
-            fb.input_embeds = resize(forward_batch.input_embeds)
+            fb.input_ids = resize(forward_batch.input_ids, window, fill=mask_id)
+            fb.input_embeds = resize(forward_batch.input_embeds, window)
             fb.positions = (forward_batch.positions.view(bs, window)[:, :1] + offsets).reshape(-1)
             cols = forward_batch.seq_lens.to(torch.int64)[:, None] + offsets
             locs = target_runner.req_to_token_pool.req_to_token[forward_batch.req_pool_indices.to(torch.int64)[:, None], cols]
@@ -261,6 +289,42 @@ class DominoDFlashWorker(DFlashWorkerV2):
         runner.forward = forward
 
     def forward_batch_generation(self, batch, *args, **kwargs):
+        """Each decode step at the width `self.width_policy` chooses for the batch
+        (`step_width`); with a fixed width, upstream's step as built."""
+        decode = not (batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle())
+        if not decode:
+            self._clock.break_chain()
+        if not decode or isinstance(self.width_policy, FixedWidth):
+            return self._step(batch, *args, **kwargs)
+        rids = [req.rid for req in batch.reqs]
+        width = self._choose_width(rids)
+        with self._widths.at(width):
+            result = self._step(batch, *args, **kwargs)
+        self._pending = (rids, width, result.accept_lens)
+        return result
+
+    def _choose_width(self, rids) -> int:
+        policy = self.width_policy
+        if self._pending is not None:
+            done, width, commit_lens = self._pending
+            self._pending = None
+            if width > 1:  # a width-1 step proposes nothing: no acceptance to learn from
+                policy.observe_step(done, width, [int(c) - 1 for c in commit_lens.tolist()])
+        lap = self._clock.lap()
+        if lap is not None:
+            policy.observe_cost(*lap)
+        width = broadcast_width(policy.choose(rids))
+        self._clock.label(len(rids), width)
+        steps = sum(policy.histogram.values())
+        if policy.histogram.get(width, 0) == 1:
+            logger.info("sglang-domino adaptive verify: width %d first chosen at batch size %d", width, len(rids))
+        if steps % policy.cfg.log_every_steps == 0:
+            scores = ", ".join(f"{w}: {v:.1f}" for w, v in sorted(policy.last_scores.items(), reverse=True))
+            logger.info("sglang-domino adaptive verify: %s; expected tokens/s by width at batch size %d: {%s}",
+                        policy.describe(), len(rids), scores)
+        return width
+
+    def _step(self, batch, *args, **kwargs):
         """With the q rule, a decode step that has sampled requests proposes through
         `sampled_draft.domino_sampled_rollout` (eager; upstream's in-graph greedy rollout,
         `_DominoDraftSampler`, is stepped around for that step only: its graph still

@@ -211,6 +211,9 @@ SPEC_CONFIGS = {
     # sampled requests verified with the draft's own q (`--speculative-use-rejection-sampling`)
     "domino_q": ("domino", None),
     "domino_q_w8": ("domino", 8),
+    # `--speculative-adaptive`: a verify width in {16, 8, 4, 2, 1} chosen per decode step
+    "dflash_adaptive": ("dflash", "adaptive"),
+    "domino_adaptive": ("domino", "adaptive"),
 }
 SPEC_FLAGS = {"domino_q": ["--speculative-use-rejection-sampling"],
               "domino_q_w8": ["--speculative-use-rejection-sampling"]}
@@ -224,7 +227,21 @@ def spec_args(models, kind: str, width: Optional[int]) -> list[str]:
     ]
     if isinstance(width, int):
         args += ["--speculative-num-draft-tokens", str(width)]
+    if width == "adaptive":
+        args += ["--speculative-adaptive", "--speculative-adaptive-config", adaptive_config_file(models)]
     return args
+
+
+ADAPTIVE_LOG_EVERY = 20
+
+
+def adaptive_config_file(models) -> str:
+    """The adaptive servers' settings: the default widths, the histogram logged every
+    ADAPTIVE_LOG_EVERY decode steps."""
+    path = os.path.join(os.path.dirname(models["target"]), "adaptive.json")
+    with open(path, "w") as fh:
+        json.dump({"widths": [16, 8, 4, 2, 1], "log_every_steps": ADAPTIVE_LOG_EVERY}, fh)
+    return path
 
 
 def spec_env(tmp: str, width) -> dict[str, str]:
@@ -232,8 +249,8 @@ def spec_env(tmp: str, width) -> dict[str, str]:
 
 
 def verify_window(width) -> int:
-    """Tokens one verify step can commit for a SPEC_CONFIGS width."""
-    return BLOCK + 1 if width == "hf" else (width or BLOCK)
+    """Tokens one verify step can commit for a SPEC_CONFIGS width (the largest width when adaptive)."""
+    return BLOCK + 1 if width == "hf" else BLOCK if width == "adaptive" else (width or BLOCK)
 
 
 def proposals_per_step(width) -> int:

@@ -1,6 +1,6 @@
 """End to end on CPU: `sglang serve --device cpu --speculative-algorithm DFLASH` with
-DFlash and Domino drafts, verify width = block (16) and 8, against the same server
-without speculation and against the Transformers backend."""
+DFlash and Domino drafts, verify width = block (16), 8 and adaptive, against the same
+server without speculation and against the Transformers backend."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import tiny
-from conftest import (BASE_ARGS, BLOCK, SPEC_CONFIGS, SPEC_FLAGS, proposals_per_step, spec_args, spec_env,
-                      verify_window)
+from conftest import (ADAPTIVE_LOG_EVERY, BASE_ARGS, BLOCK, SPEC_CONFIGS, SPEC_FLAGS, proposals_per_step, spec_args,
+                      spec_env, verify_window)
 
 pytestmark = pytest.mark.sglang_e2e
 
@@ -104,7 +104,9 @@ def test_generate_reports_speculation(spec):
     assert meta["spec_num_proposed_drafts"] == meta["spec_verify_ct"] * proposals_per_step(SPEC_CONFIGS[config][1])
     # the scheduler process ran this project's worker (spawned process: entry-point plugin)
     log = spec.log()
-    assert f"sglang-domino DFLASH worker: device=cpu, draft block={BLOCK}, verify width={width}" in log
+    adaptive = SPEC_CONFIGS[config][1] == "adaptive"
+    shown = "adaptive [16, 8, 4, 2, 1]" if adaptive else width
+    assert f"sglang-domino DFLASH worker: device=cpu, draft block={BLOCK}, verify width={shown}" in log
     # and the target computed `width` positions per request, not the draft block's 16
     tokens, requests = map(int, re.search(r"first verify: the target computed (\d+) tokens for (\d+) request", log).groups())
     assert tokens == width * requests
@@ -132,16 +134,19 @@ def test_accept_lengths_match_transformers_backend(spec, models):
     kind, width = SPEC_CONFIGS[config]
     width = verify_window(width)
     total_steps = 0
+    adaptive = SPEC_CONFIGS[config][1] == "adaptive"
     for ids in HF_PROMPTS:
         hf_tokens, stats = _hf_stats(models, kind, ids, width)
         body = _generate_ids(spec, ids)
         assert body["output_ids"] == hf_tokens, (config, ids)
         meta = body["meta_info"]
+        if adaptive:  # steps at other widths commit other counts; the tokens are the same
+            continue
         assert meta["spec_verify_ct"] == stats.num_verify_steps, (config, ids, stats.accept_lengths)
         assert max(stats.accept_lengths) <= width
         total_steps += stats.num_verify_steps
     # the fixture is built so drafts are right about half the time: steps commit > 1 token
-    assert total_steps < len(HF_PROMPTS) * (MAX_TOKENS - 1)
+    assert adaptive or total_steps < len(HF_PROMPTS) * (MAX_TOKENS - 1)
 
 
 SAMPLED_PROMPT = [5, 77, 300, 41, 9]
@@ -301,3 +306,20 @@ def test_malformed_requests_do_not_kill_the_server(spec):
     assert spec.proc.poll() is None
     text, n = _completion(spec, PROMPTS[0])
     assert n == MAX_TOKENS
+
+
+def test_adaptive_server_logs_its_widths(spec):
+    """An adaptive server reports the widths it chose: each width's first use and, every
+    ADAPTIVE_LOG_EVERY decode steps, the histogram; by now (the module's other tests ran
+    on it, 8 concurrent streams among them) it has verified at more than one width."""
+    if SPEC_CONFIGS[spec.config][1] != "adaptive":
+        pytest.skip("fixed verify width")
+    log = spec.log()
+    first = {int(w) for w in re.findall(r"adaptive verify: width (\d+) first chosen", log)}
+    assert len(first) >= 2 and first <= {16, 8, 4, 2, 1}, first
+    hists = re.findall(r"adaptive verify: (\d+) decode steps by verify width \{([^}]*)\}", log)
+    assert hists, log[-3000:]
+    steps, hist = hists[-1]
+    counts = {int(k): int(v) for k, v in (item.split(":") for item in hist.split(", "))}
+    assert sum(counts.values()) == int(steps) and int(steps) % ADAPTIVE_LOG_EVERY == 0
+    assert {w for w, n in counts.items() if n} == first
