@@ -82,7 +82,38 @@ def summarize(records: list[Record], title: str = "Benchmark") -> str:
                 lines.append(f"| {task} | {conc} | " + " | ".join(
                     f"{acc[(m, task, conc)]:.2f}" if (m, task, conc) in acc else "—" for m in spec) + " |")
         lines.append("")
+    lines += _adaptive_section(tps, methods, tasks, concs)
     return "\n".join(lines)
+
+
+ADAPTIVE_SUFFIX = "-adaptive"
+
+
+def _adaptive_section(tps, methods, tasks, concs) -> list[str]:
+    """`<draft>-adaptive` against the best of target-only and the same draft's fixed widths
+    (`<draft>`, `<draft>-w<W>`) at each concurrency, per workload."""
+    adaptive = [m for m in methods if m.endswith(ADAPTIVE_SUFFIX)]
+    if not adaptive:
+        return []
+    lines = ["## Adaptive verify width", "",
+             "Adaptive tok/s / the best of target-only and the same draft's fixed widths (which one in brackets).", "",
+             "| workload | concurrency | " + " | ".join(adaptive) + " |", "|---|---|" + "---|" * len(adaptive)]
+    for conc in concs:
+        for task in tasks:
+            cells = []
+            for m in adaptive:
+                draft = m[: -len(ADAPTIVE_SUFFIX)]
+                rivals = [r for r in methods if r == TARGET_ONLY or r == draft or r.startswith(draft + "-w")]
+                scored = {r: statistics.mean(tps[(r, task, conc)]) for r in rivals if tps.get((r, task, conc))}
+                mine = tps.get((m, task, conc))
+                if not scored or not mine:
+                    cells.append("—")
+                    continue
+                best = max(scored, key=scored.get)
+                cells.append(f"{statistics.mean(mine) / scored[best]:.2f}× ({best})")
+            lines.append(f"| {task} | {conc} | " + " | ".join(cells) + " |")
+    lines.append("")
+    return lines
 
 
 def plot(records: list[Record], out_dir: str) -> list[str]:
@@ -120,6 +151,34 @@ def plot(records: list[Record], out_dir: str) -> list[str]:
             fig.savefig(path, dpi=110)
             plt.close(fig)
             files.append(path)
+    concs = sorted({r.concurrency for r in records})
+    if len(concs) > 1:
+        files += _plot_throughput(plt, tps, tasks, concs, [TARGET_ONLY] + spec, out_dir)
+    return files
+
+
+def _plot_throughput(plt, tps, tasks, concs, methods, out_dir) -> list[str]:
+    """Output tokens/s against concurrency, one line per method, one figure per workload."""
+    files = []
+    for task in tasks:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for m in methods:
+            xs = [c for c in concs if tps.get((m, task, c))]
+            if xs:
+                style = "--" if m == TARGET_ONLY else "-"
+                ax.plot(xs, [statistics.mean(tps[(m, task, c)]) for c in xs], style, marker="o", label=m)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(concs, [str(c) for c in concs])
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel("output tokens/s")
+        ax.set_title(f"throughput, {task}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = os.path.join(out_dir, f"throughput_{task}.png")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        files.append(path)
     return files
 
 

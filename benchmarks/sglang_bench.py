@@ -4,7 +4,9 @@ Environment (defaults in brackets): DRAFT_MODEL and TARGET_MODEL [the CPU test b
 comma-separated DRAFT_MODEL benchmarks several drafts], TASKS [gsm8k:128, or
 heldout:16 on the test bed], MAX_NEW_TOKENS [2048], TEMPERATURE [0.0],
 CONCURRENCIES [1,2,4,8,16,32], BLOCK_SIZE [16], VERIFY_TOKENS [= BLOCK_SIZE; 8 for "b8"],
-TP_SIZE [1], REPEATS [1], SERVER_ARGS [extra flags for every server], PYTHON, CHAT_TEMPLATE
+WIDTHS [VERIFY_TOKENS; comma-separated verify widths and/or `adaptive`, one method per draft
+and width: `<draft>` at BLOCK_SIZE, `<draft>-w<W>` at W, `<draft>-adaptive` with
+--speculative-adaptive], TP_SIZE [1], REPEATS [1], SERVER_ARGS [extra flags for every server], PYTHON, CHAT_TEMPLATE
 [1], ENABLE_THINKING [0], OUT_DIR [benchmarks/results/sglang-<time>],
 SERVER_TIMEOUT [600 s], RULES [point: sampled requests verified as point masses; q: Domino
 drafts with --speculative-use-rejection-sampling, method `<draft>+q`; both].
@@ -24,7 +26,7 @@ import shlex
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Optional
+from typing import Optional, Union
 
 import requests
 from pydantic import Field
@@ -40,12 +42,14 @@ from .tasks import load_prompts, render
 
 Q_FLAG = "--speculative-use-rejection-sampling"
 Q_SUFFIX = "+q"
+ADAPTIVE = "adaptive"
 RULES = {"point": ["point"], "q": ["q"], "both": ["point", "q"]}
 
 
 class SGLangBenchConfig(BenchSettings):
     concurrencies: list[int]
     verify_tokens: int = Field(ge=2)
+    widths: list[Union[int, str]]
     tp_size: int = Field(ge=1)
     server_args: list[str]
     python: str
@@ -67,7 +71,9 @@ class SGLangBenchConfig(BenchSettings):
             rules = RULES.get(env.get("RULES", "point"))
             if rules is None:
                 raise ValueError(f"RULES: got {env.get('RULES')!r}, expected one of {sorted(RULES)}")
-            return cls(**common, concurrencies=concs, verify_tokens=verify, tp_size=int(env.get("TP_SIZE", 1)),
+            widths = [_width(w, block) for w in env.get("WIDTHS", str(verify)).split(",") if w.strip()]
+            return cls(**common, concurrencies=concs, verify_tokens=verify, widths=widths,
+                       tp_size=int(env.get("TP_SIZE", 1)),
                        server_args=shlex.split(env.get("SERVER_ARGS", "")), python=env.get("PYTHON") or sys.executable,
                        server_timeout=float(env.get("SERVER_TIMEOUT", 600)), on_cpu=not _has_cuda(), rules=rules)
         except ValueError as err:
@@ -79,10 +85,16 @@ class SGLangBenchConfig(BenchSettings):
 
         out: dict[str, tuple[Optional[str], list[str]]] = {TARGET_ONLY: (None, [])}
         for draft in self.draft_models:
-            if "point" in self.rules:
-                out[method_name(draft)] = (draft, [])
-            if "q" in self.rules and getattr(read_draft_config(draft, None), "is_domino", False):
-                out[method_name(draft) + Q_SUFFIX] = (draft, [Q_FLAG])
+            for width in self.widths:
+                name, flags = method_name(draft), []
+                if width == ADAPTIVE:
+                    name, flags = f"{name}-{ADAPTIVE}", ["--speculative-adaptive"]
+                elif width != self.block_size:
+                    name, flags = f"{name}-w{width}", ["--speculative-num-draft-tokens", str(width)]
+                if "point" in self.rules:
+                    out[name] = (draft, flags)
+                if "q" in self.rules and getattr(read_draft_config(draft, None), "is_domino", False):
+                    out[name + Q_SUFFIX] = (draft, flags + [Q_FLAG])
         return out
 
     def launch_command(self, port: int, draft: Optional[str], extra: tuple[str, ...] = ()) -> list[str]:
@@ -93,9 +105,16 @@ class SGLangBenchConfig(BenchSettings):
         if draft:
             cmd += ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", draft,
                     "--speculative-dflash-block-size", str(self.block_size)]
-            if self.verify_tokens != self.block_size:
-                cmd += ["--speculative-num-draft-tokens", str(self.verify_tokens)]
         return cmd + list(extra) + self.server_args
+
+
+def _width(raw: str, block: int) -> Union[int, str]:
+    raw = raw.strip().lower()
+    if raw == ADAPTIVE:
+        return ADAPTIVE
+    if not raw.isdigit() or not 2 <= int(raw) <= block:
+        raise ValueError(f"WIDTHS: got {raw!r}, expected verify widths from 2 to BLOCK_SIZE={block} or 'adaptive'")
+    return int(raw)
 
 
 def _has_cuda() -> bool:

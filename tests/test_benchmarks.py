@@ -193,6 +193,44 @@ def test_sglang_benchmark_rules_add_a_q_method_for_domino_drafts(tiny_checkpoint
     assert list(SGLangBenchConfig.from_env({**env, "RULES": "q"}).methods()) == ["target-only", "domino+q"]
 
 
+def test_sglang_benchmark_widths_give_one_method_per_draft_and_width(tiny_checkpoints):
+    """WIDTHS=16,8,adaptive: `<draft>` at the block, `<draft>-w8`, `<draft>-adaptive`, each
+    server launched with only its own width flag."""
+    from benchmarks.sglang_bench import SGLangBenchConfig
+
+    env = {"TARGET_MODEL": str(tiny_checkpoints / "target"), "TASKS": "humaneval:1", "WIDTHS": "16,8,adaptive",
+           "DRAFT_MODEL": f"{tiny_checkpoints / 'dflash'},{tiny_checkpoints / 'domino'}"}
+    cfg = SGLangBenchConfig.from_env(env)
+    methods = cfg.methods()
+    assert list(methods) == ["target-only", "dflash", "dflash-w8", "dflash-adaptive", "domino", "domino-w8",
+                             "domino-adaptive"]
+    assert methods["domino"][1] == [] and methods["domino-w8"][1] == ["--speculative-num-draft-tokens", "8"]
+    cmd = cfg.launch_command(8000, *methods["dflash-adaptive"][:1], tuple(methods["dflash-adaptive"][1]))
+    assert "--speculative-adaptive" in cmd and "--speculative-num-draft-tokens" not in cmd
+    with pytest.raises(SystemExit, match="WIDTHS: got '1'"):
+        SGLangBenchConfig.from_env({**env, "WIDTHS": "16,1"})
+
+
+def test_report_compares_adaptive_with_the_best_fixed_width(tmp_path):
+    """The summary's adaptive section divides by the best rival at each concurrency, and the
+    throughput plot is written when there are several concurrencies."""
+    from benchmarks.records import Record
+    from benchmarks.report import plot, summarize
+
+    def run(method, conc, tokens_per_s):
+        return [Record(backend="sglang", method=method, task="t", concurrency=conc, repeat=0, prompt_index=0,
+                       prompt_tokens=4, completion_tokens=int(tokens_per_s), verify_steps=1 if method != "target-only" else 0,
+                       accepted_tokens=int(tokens_per_s) if method != "target-only" else 0, start_s=0.0, end_s=1.0,
+                       latency_s=1.0, tok_per_s=tokens_per_s)]
+
+    records = (run("target-only", 1, 100) + run("d", 1, 300) + run("d-w8", 1, 250) + run("d-adaptive", 1, 290)
+               + run("target-only", 8, 400) + run("d", 8, 380) + run("d-w8", 8, 500) + run("d-adaptive", 8, 520))
+    text = summarize(records)
+    assert "| t | 1 | 0.97× (d) |" in text and "| t | 8 | 1.04× (d-w8) |" in text
+    files = plot(records, str(tmp_path))
+    assert str(tmp_path / "throughput_t.png") in files and (tmp_path / "throughput_t.png").stat().st_size > 0
+
+
 # -- Docker ---------------------------------------------------------------------------------
 def test_dockerfile_parses_and_mirrors_the_readme_install():
     from dockerfile_parse import DockerfileParser

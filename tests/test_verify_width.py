@@ -1,0 +1,178 @@
+"""The adaptive verify-width policy as a pure unit (`sglang_domino.verify_width`)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from sglang_domino.verify_width import (AcceptanceStats, AdaptiveWidth, AdaptiveWidthConfig, FixedWidth, StepCosts,
+                                        choose_width)
+
+WIDTHS = [16, 8, 4, 2, 1]
+
+
+def geometric(rate: float, n: int = 15) -> list[float]:
+    return [rate ** k for k in range(1, n + 1)]
+
+
+def test_choose_width_maximises_expected_tokens_per_second():
+    # cheap verification (cost barely grows with width): the widest width wins
+    flat = {16: 1.3, 8: 1.15, 4: 1.05, 2: 1.0, 1: 0.9}
+    width, scores = choose_width(WIDTHS, [geometric(0.9)] * 2, flat.get)
+    assert width == 16
+    assert scores[16] == pytest.approx(2 * (1 + sum(geometric(0.9))) / 1.3)
+    # cost proportional to the verified tokens: with acceptance below 1, width 1 wins
+    linear = {w: 0.1 * w for w in WIDTHS}
+    assert choose_width(WIDTHS, [geometric(0.9)] * 8, linear.get)[0] == 1
+    # in between: 4 is best when positions past the 4th are never accepted
+    survival = [1.0, 1.0, 1.0] + [0.0] * 12
+    costs = {16: 4.0, 8: 2.5, 4: 1.5, 2: 1.2, 1: 1.0}
+    width, scores = choose_width(WIDTHS, [survival], costs.get)
+    assert width == 4 and scores[4] == pytest.approx(4 / 1.5)
+
+
+def test_choose_width_ties_go_to_the_narrower_width_and_unknown_costs_are_tried_widest_first():
+    survival = [1.0] * 3 + [0.0] * 12
+    # widths 4, 8 and 16 all commit 4 tokens; at equal cost the narrowest of them is chosen
+    assert choose_width(WIDTHS, [survival], {16: 1.0, 8: 1.0, 4: 1.0, 2: 1.0, 1: 1.0}.get)[0] == 4
+    partial = {8: 1.0, 4: 1.0, 1: 1.0}
+    assert choose_width(WIDTHS, [survival], partial.get) == (16, {})
+    assert choose_width(WIDTHS, [survival], {**partial, 16: 1.0}.get) == (2, {})
+
+
+def test_acceptance_counts_only_the_positions_a_verify_saw():
+    cfg = AdaptiveWidthConfig(prior_weight=0.0, request_decay=1.0, server_decay=1.0)
+    stats = AcceptanceStats(16, cfg)
+    stats.observe("a", width=4, accepted=3)   # proposals 1..3 verified and accepted, 4+ unseen
+    stats.observe("a", width=16, accepted=1)  # 1 accepted, 2 rejected, 3+ unseen
+    own = stats.requests["a"]
+    assert own.tried[:4] == [2.0, 2.0, 1.0, 0.0] and own.accepted[:4] == [2.0, 1.0, 1.0, 0.0]
+    s = stats.survival("a")
+    assert s[0] == pytest.approx(1.0) and s[1] == pytest.approx(0.5) and s[2] == pytest.approx(0.5)
+    # an unseen position falls back to the server's rate, which falls back to the prior
+    assert s[3] == pytest.approx(0.5 * (0 + cfg.prior_accept) / (0 + 1))
+    stats.observe("b", width=1, accepted=0)   # a width-1 step proposes nothing
+    assert stats.requests["b"].tried == [0.0] * 15
+
+
+def test_new_requests_start_at_the_server_rates_and_move_to_their_own():
+    cfg = AdaptiveWidthConfig(prior_weight=4.0, request_decay=1.0, server_decay=1.0)
+    stats = AcceptanceStats(16, cfg)
+    for i in range(50):
+        stats.observe(f"good{i % 5}", width=16, accepted=15)
+    server = stats.server_rates()
+    assert server[0] > 0.98
+    assert stats.survival("new") == pytest.approx(stats.survival(None))
+    assert stats.survival("new")[14] > 0.7
+    for _ in range(30):
+        stats.observe("bad", width=16, accepted=0)
+    assert stats.survival("bad")[0] < 0.2 < stats.survival("new")[0]
+
+
+def test_stale_requests_are_forgotten():
+    stats = AcceptanceStats(16, AdaptiveWidthConfig())
+    stats.observe("gone", 16, 3)
+    for _ in range(200):
+        stats.observe("live", 16, 3)
+        stats.end_step()
+    assert "gone" not in stats.requests and "live" in stats.requests
+
+
+def test_step_costs_interpolate_per_width_and_never_guess_from_one_batch_size():
+    costs = StepCosts(ema=0.5)
+    costs.observe(1, 16, 0.010)
+    assert costs.predict(1, 16) == 0.010 and costs.predict(4, 16) is None and costs.predict(1, 8) is None
+    costs.observe(1, 16, 0.020)
+    assert costs.predict(1, 16) == pytest.approx(0.015)   # EMA
+    costs.observe(5, 16, 0.055)
+    assert costs.predict(3, 16) == pytest.approx(0.035)   # between 1 and 5
+    assert costs.predict(9, 16) == pytest.approx(0.095)   # beyond: the same line
+    costs.observe(9, 8, 0.02)
+    costs.observe(10, 8, 0.01)
+    assert costs.predict(20, 8) == pytest.approx(0.005)   # clamped: half the cheapest measured
+    costs.observe(2, 4, float("nan"))
+    assert costs.predict(2, 4) is None
+
+
+class Simulated:
+    """A server whose requests accept each proposal with their own rate and whose step
+    cost grows with the verified tokens (bs x width) plus a draft cost when drafting."""
+
+    def __init__(self, rates, base=1.0, per_token=0.05, draft=0.6, seed=0):
+        self.rates, self.base, self.per_token, self.draft = rates, base, per_token, draft
+        self.rng = random.Random(seed)
+
+    def cost(self, bs, width):
+        return self.base + self.per_token * bs * width + (self.draft if width > 1 else 0.0)
+
+    def accepted(self, rate, width):
+        n = 0
+        while n < width - 1 and self.rng.random() < rate:
+            n += 1
+        return n
+
+    def expected_rate(self, width):
+        """Tokens per second of a fixed width, in closed form."""
+        tokens = sum(sum(r ** k for k in range(width)) for r in self.rates)
+        return tokens / self.cost(len(self.rates), width)
+
+    def run(self, policy, steps=600):
+        rids = [f"r{i}" for i in range(len(self.rates))]
+        tokens = seconds = 0.0
+        for _ in range(steps):
+            width = policy.choose(rids)
+            accepted = [self.accepted(r, width) for r in self.rates]
+            policy.observe_step(rids, width, accepted)
+            policy.observe_cost(len(rids), width, self.cost(len(rids), width))
+            tokens += sum(a + 1 for a in accepted)
+            seconds += self.cost(len(rids), width)
+        return tokens / seconds
+
+
+@pytest.mark.parametrize("rates,bs_note", [([0.95], "c1, high acceptance"), ([0.9] * 16, "c16"),
+                                           ([0.3] * 8, "low acceptance"), ([0.97, 0.2, 0.9, 0.5], "mixed")])
+def test_adaptive_policy_reaches_the_best_fixed_width(rates, bs_note):
+    sim = Simulated(rates)
+    best = max(sim.expected_rate(w) for w in WIDTHS)
+    policy = AdaptiveWidth(AdaptiveWidthConfig())
+    got = sim.run(policy)
+    assert got >= 0.95 * best, (bs_note, got, {w: sim.expected_rate(w) for w in WIDTHS}, policy.histogram)
+    # and it settled on the best width, not a mixture
+    favourite = max(policy.histogram, key=policy.histogram.get)
+    assert sim.expected_rate(favourite) >= 0.97 * best, (bs_note, policy.histogram)
+
+
+def test_adaptive_policy_follows_a_change_of_load():
+    policy = AdaptiveWidth(AdaptiveWidthConfig())
+    light, heavy = Simulated([0.95]), Simulated([0.95] * 16)
+    light.run(policy, 200)
+    assert max(policy.histogram, key=policy.histogram.get) == 16
+    policy.histogram = {w: 0 for w in WIDTHS}
+    heavy.run(policy, 300)
+    best = max(WIDTHS, key=heavy.expected_rate)
+    assert best < 16 and max(policy.histogram, key=policy.histogram.get) == best
+
+
+def test_fixed_width_is_the_same_interface():
+    fixed = FixedWidth(8)
+    assert fixed.widths == (8,) and fixed.choose(["a", "b"]) == 8
+    assert fixed.observe_step(["a"], 8, [3]) is None and fixed.observe_cost(1, 8, 0.1) is None
+
+
+def test_config_validation_names_the_field(tmp_path):
+    path = tmp_path / "adaptive.json"
+    path.write_text(json.dumps({"widths": [8, 0]}))
+    with pytest.raises(ValueError, match=r"adaptive.json.*widths.*expected verify widths >= 1"):
+        AdaptiveWidthConfig.load(str(path))
+    path.write_text(json.dumps({"candidate_steps": [1, 3]}))  # an EAGLE config
+    with pytest.raises(ValueError, match=r"candidate_steps: Extra inputs.*fields: widths"):
+        AdaptiveWidthConfig.load(str(path))
+    path.write_text("{oops")
+    with pytest.raises(ValueError, match="cannot read a JSON object"):
+        AdaptiveWidthConfig.load(str(path))
+    assert AdaptiveWidthConfig.load(None).widths == WIDTHS
+    cfg = AdaptiveWidthConfig(widths=[1, 16, 4, 4])
+    assert cfg.widths == [16, 4, 1]
+    assert cfg.for_window(8).widths == [8, 4, 1]
