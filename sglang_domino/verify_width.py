@@ -15,9 +15,12 @@ cost(bs, W) is the measured seconds of a decode step at that batch size and widt
 (`StepCosts`, learnt online on the running machine; never a built-in constant). Width 1
 verifies the bonus token alone: a plain decode step that skips the draft.
 
-Ties go to the narrower width (same throughput for less work); a width whose cost at
-this batch size cannot be predicted yet is tried first (widest first), which is how the
-table fills on a fresh server.
+Ties go to the narrower width (same throughput for less work). A fresh server starts at
+the widest width; every `probe_every`-th step verifies a neighbouring width instead
+(wider and narrower in turn; a neighbour never measured is probed sooner), so acceptance
+beyond the chosen width and the cost of the next narrower one keep being measured, and
+the choice walks to a better width one neighbour at a time without a costly sweep of
+every width on a loaded server.
 
 `FixedWidth` is the same interface for the fixed cases (the draft block, b8, the
 Transformers window).
@@ -25,7 +28,6 @@ Transformers window).
 
 from __future__ import annotations
 
-import bisect
 import json
 import math
 from dataclasses import dataclass, field
@@ -47,6 +49,8 @@ class AdaptiveWidthConfig(BaseModel):
     request_decay: float = Field(0.9, gt=0.0, le=1.0)
     server_decay: float = Field(0.99, gt=0.0, le=1.0)
     cost_ema: float = Field(0.3, gt=0.0, le=1.0)
+    probe_every: int = Field(32, ge=0)
+    probe_until: float = Field(16.0, ge=0.0)
     log_every_steps: int = Field(200, ge=1)
 
     @field_validator("widths")
@@ -133,8 +137,15 @@ class AcceptanceStats:
                 del self.requests[rid], self.last_seen[rid]
 
     def server_rates(self) -> list[float]:
-        prior = self.cfg.prior_accept
-        return [(a + prior) / (t + 1.0) for t, a in zip(self.server.tried, self.server.accepted)]
+        """Per-position rates over all requests. Each position's prior (one pseudo-count) is
+        the rate of the position before it, `prior_accept` for the first: a position no
+        verify has reached yet (the server ran narrower) is expected to accept like the
+        last one measured, so wider widths keep a fair estimate and get tried again."""
+        out, prior = [], self.cfg.prior_accept
+        for t, a in zip(self.server.tried, self.server.accepted):
+            prior = (a + prior) / (t + 1.0)
+            out.append(prior)
+        return out
 
     def survival(self, rid: Optional[str], server_rates: Optional[list[float]] = None) -> list[float]:
         """S(k) for k = 1 .. max_width - 1: P(the first k proposals are all accepted)."""
@@ -151,10 +162,14 @@ class AcceptanceStats:
 
 
 class StepCosts:
-    """Seconds per decode step by (batch size, width): an EMA per measured cell, and for an
-    unmeasured batch size a straight line through the two nearest measured batch sizes
-    of the same width (never below zero). A width measured at one batch size only is
-    predicted there alone, so it is tried at a second one before it is extrapolated."""
+    """Seconds per decode step by (batch size, width): a running mean per measured cell,
+    an EMA once it has 1/ema samples. An
+    unmeasured cell is predicted from the nearest batch size where its width was
+    measured, scaled by the ratio of a width measured at both batch sizes (the width
+    running now always is): widths are compared at one batch size, and what carries over
+    between neighbouring batch sizes is how their costs relate. With no width measured at
+    this batch size yet, the nearest batch size's cost is taken as it is. A width never
+    measured is unknown (None): the policy tries it."""
 
     def __init__(self, ema: float):
         self.ema = float(ema)
@@ -165,9 +180,12 @@ class StepCosts:
         if not math.isfinite(seconds) or seconds <= 0:
             return
         row = self.cells.setdefault(int(width), {})
+        key = (int(bs), int(width))
+        n = self.samples[key] = self.samples.get(key, 0) + 1
         old = row.get(int(bs))
-        row[int(bs)] = seconds if old is None else old + self.ema * (seconds - old)
-        self.samples[(int(bs), int(width))] = self.samples.get((int(bs), int(width)), 0) + 1
+        # the mean of the first 1/ema samples, an EMA after: a rarely run cell (a probe) is
+        # not set by one noisy step
+        row[int(bs)] = seconds if old is None else old + max(self.ema, 1.0 / n) * (seconds - old)
 
     def predict(self, bs: int, width: int) -> Optional[float]:
         row = self.cells.get(int(width))
@@ -175,13 +193,17 @@ class StepCosts:
             return None
         if bs in row:
             return row[bs]
-        sizes = sorted(row)
-        if len(sizes) < 2:
-            return None
-        i = bisect.bisect_left(sizes, bs)
-        lo, hi = (sizes[0], sizes[1]) if i == 0 else (sizes[-2], sizes[-1]) if i >= len(sizes) else (sizes[i - 1], sizes[i])
-        slope = (row[hi] - row[lo]) / (hi - lo)
-        return max(row[lo] + slope * (bs - lo), min(row.values()) * 0.5)
+        here = {w: r[bs] for w, r in self.cells.items() if bs in r}
+        best = None
+        for other in sorted(row, key=lambda b: (abs(b - bs), b)):
+            refs = [w for w in here if other in self.cells[w]]
+            if refs:
+                ref = max(refs)
+                best = here[ref] * row[other] / self.cells[ref][other]
+                break
+        if best is None:
+            best = row[min(row, key=lambda b: (abs(b - bs), b))]
+        return best
 
 
 class WidthPolicy(Protocol):
@@ -199,19 +221,37 @@ def choose_width(widths: Sequence[int], survivals: Sequence[Sequence[float]],
     """The width maximising expected committed tokens per second for one batch.
 
     `survivals[r][k - 1]` is request r's S(k); `cost(w)` the predicted seconds of the step
-    at width w, or None when unknown. Returns (width, {width: expected tokens/s}); a width
-    of unknown cost is returned first (the widest), with an empty score table."""
-    unknown = [w for w in widths if cost(w) is None]
-    if unknown:
-        return max(unknown), {}
+    at width w, or None when w was never measured. An unmeasured width is priced by
+    `_extrapolate` from the measured ones; with nothing measured the widest width is
+    returned. Returns (width, {width: expected tokens/s})."""
+    known = {w: c for w in widths if (c := cost(w)) is not None}
+    if not known:
+        return max(widths), {}
     scores = {}
     for w in widths:
+        price = known.get(w)
+        if price is None:
+            price = _extrapolate(known, w)
         tokens = sum(1.0 + sum(s[: w - 1]) for s in survivals)
-        scores[w] = tokens / cost(w)
+        scores[w] = tokens / price
     best = max(scores.values())
     # ties (within float noise) go to the narrowest width
     width = min(w for w, v in scores.items() if v >= best * (1.0 - 1e-9))
     return width, scores
+
+
+def _extrapolate(known: dict[int, float], width: int) -> float:
+    """The cost of an unmeasured width from the two measured widths nearest it: the same
+    ratio per halving of the width (log cost linear in log width), never cheaper than
+    the nearest measured width when wider nor dearer when narrower; with one measured
+    width, its cost."""
+    nearest = sorted(known, key=lambda k: (abs(math.log2(k / width)), k))[:2]
+    if len(nearest) < 2 or nearest[0] == nearest[1]:
+        return known[nearest[0]]
+    (a, ca), (b, cb) = ((w, known[w]) for w in nearest)
+    slope = (math.log(cb) - math.log(ca)) / (math.log2(b) - math.log2(a))
+    guess = ca * math.exp(slope * (math.log2(width) - math.log2(a)))
+    return max(guess, ca) if width > a else min(guess, ca)
 
 
 @dataclass
@@ -243,6 +283,8 @@ class AdaptiveWidth:
     costs: StepCosts = field(init=False)
     histogram: dict[int, int] = field(init=False)
     last_scores: dict[int, float] = field(init=False, default_factory=dict)
+    steps: int = field(init=False, default=0)
+    probes: int = field(init=False, default=0)
 
     def __post_init__(self):
         self.stats = AcceptanceStats(max(self.cfg.widths), self.cfg)
@@ -254,12 +296,41 @@ class AdaptiveWidth:
         return self.cfg.widths
 
     def choose(self, rids: Sequence[str]) -> int:
+        """The width for this batch; every `probe_every`-th step a neighbouring one instead,
+        wider and narrower in turn (every step the wider one while the first position has
+        fewer than `probe_until` measurements): a narrower width never sees the positions
+        beyond it, and width 1 sees none, so without a probe a pessimistic estimate (e.g.
+        from a warm-up request the draft cannot predict) would never be corrected; nor
+        would the cost of a width not run at this batch size."""
         bs = len(rids)
         rates = self.stats.server_rates()
         survivals = [self.stats.survival(r, rates) for r in rids]
         width, self.last_scores = choose_width(self.widths, survivals, lambda w: self.costs.predict(bs, w))
+        self.steps += 1
+        probe = self._probe(width)
+        width = probe if probe is not None else width
         self.histogram[width] += 1
         return width
+
+    def _probe(self, width: int) -> Optional[int]:
+        every = self.cfg.probe_every
+        if not every:
+            return None
+        wider = min((w for w in self.widths if w > width), default=None)
+        narrower = max((w for w in self.widths if w < width), default=None)
+        # a fresh server's acceptance is a few requests' worth (`probe_until` measurements
+        # of the first proposal, decayed): measure one position further every step
+        if wider is not None and self.stats.positions and self.stats.server.tried[0] < self.cfg.probe_until:
+            return wider
+        # a narrower neighbour never measured at all: its cost four times as often
+        if narrower is not None and narrower not in self.costs.cells:
+            return narrower if self.steps % max(every // 4, 1) == 0 else None
+        if self.steps % every:
+            return None
+        self.probes += 1  # wider and narrower in turn
+        if wider is not None and (self.probes % 2 or narrower is None):
+            return wider
+        return narrower
 
     def observe_step(self, rids: Sequence[str], width: int, accepted: Sequence[int]) -> None:
         """The proposals each request of a step at `width` had accepted (bonus excluded)."""

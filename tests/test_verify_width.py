@@ -33,13 +33,22 @@ def test_choose_width_maximises_expected_tokens_per_second():
     assert width == 4 and scores[4] == pytest.approx(4 / 1.5)
 
 
-def test_choose_width_ties_go_to_the_narrower_width_and_unknown_costs_are_tried_widest_first():
+def test_choose_width_ties_go_to_the_narrower_width():
     survival = [1.0] * 3 + [0.0] * 12
     # widths 4, 8 and 16 all commit 4 tokens; at equal cost the narrowest of them is chosen
     assert choose_width(WIDTHS, [survival], {16: 1.0, 8: 1.0, 4: 1.0, 2: 1.0, 1: 1.0}.get)[0] == 4
-    partial = {8: 1.0, 4: 1.0, 1: 1.0}
-    assert choose_width(WIDTHS, [survival], partial.get) == (16, {})
-    assert choose_width(WIDTHS, [survival], {**partial, 16: 1.0}.get) == (2, {})
+
+
+def test_unmeasured_widths_are_priced_from_the_measured_ones():
+    assert choose_width(WIDTHS, [geometric(0.9)], lambda w: None) == (16, {})  # a fresh server
+    tokens = {w: 1 + sum(geometric(0.99)[: w - 1]) for w in WIDTHS}
+    _, scores = choose_width(WIDTHS, [geometric(0.99)], {8: 2.0, 4: 1.0, 1: 0.5}.get)
+    assert scores[16] == pytest.approx(tokens[16] / 4.0)            # 8 -> 4 doubled: 16 costs 4
+    assert scores[2] == pytest.approx(tokens[2] / (0.5 * 2 ** 0.5))  # between 1 and 4, per halving
+    # a noisy table never makes an unmeasured wider width cheaper than a measured narrower one
+    _, scores = choose_width(WIDTHS, [geometric(0.99)], {8: 1.0, 4: 2.0}.get)
+    assert scores[16] == pytest.approx(tokens[16] / 1.0)
+    assert scores[1] == pytest.approx(tokens[1] / 2.0)
 
 
 def test_acceptance_counts_only_the_positions_a_verify_saw():
@@ -51,8 +60,11 @@ def test_acceptance_counts_only_the_positions_a_verify_saw():
     assert own.tried[:4] == [2.0, 2.0, 1.0, 0.0] and own.accepted[:4] == [2.0, 1.0, 1.0, 0.0]
     s = stats.survival("a")
     assert s[0] == pytest.approx(1.0) and s[1] == pytest.approx(0.5) and s[2] == pytest.approx(0.5)
-    # an unseen position falls back to the server's rate, which falls back to the prior
-    assert s[3] == pytest.approx(0.5 * (0 + cfg.prior_accept) / (0 + 1))
+    # an unseen position falls back to the server's rate, which a position nothing reached
+    # inherits from the position before it
+    rates = stats.server_rates()
+    assert rates[0] == pytest.approx((2 + cfg.prior_accept) / 3)
+    assert rates[3] == rates[2] == rates[14] and s[3] == pytest.approx(0.5 * rates[3])
     stats.observe("b", width=1, accepted=0)   # a width-1 step proposes nothing
     assert stats.requests["b"].tried == [0.0] * 15
 
@@ -80,18 +92,22 @@ def test_stale_requests_are_forgotten():
     assert "gone" not in stats.requests and "live" in stats.requests
 
 
-def test_step_costs_interpolate_per_width_and_never_guess_from_one_batch_size():
+def test_step_costs_carry_width_ratios_to_other_batch_sizes():
     costs = StepCosts(ema=0.5)
+    assert costs.predict(1, 16) is None
     costs.observe(1, 16, 0.010)
-    assert costs.predict(1, 16) == 0.010 and costs.predict(4, 16) is None and costs.predict(1, 8) is None
     costs.observe(1, 16, 0.020)
     assert costs.predict(1, 16) == pytest.approx(0.015)   # EMA
-    costs.observe(5, 16, 0.055)
-    assert costs.predict(3, 16) == pytest.approx(0.035)   # between 1 and 5
-    assert costs.predict(9, 16) == pytest.approx(0.095)   # beyond: the same line
-    costs.observe(9, 8, 0.02)
-    costs.observe(10, 8, 0.01)
-    assert costs.predict(20, 8) == pytest.approx(0.005)   # clamped: half the cheapest measured
+    assert costs.predict(4, 16) == pytest.approx(0.015)   # nothing measured at 4: the nearest as it is
+    assert costs.predict(1, 8) is None                    # never measured: unknown
+    costs.observe(1, 8, 0.010)
+    costs.observe(8, 16, 0.060)
+    # at 8, width 8 is predicted from width 16 measured there and the 8/16 ratio at 1
+    assert costs.predict(8, 8) == pytest.approx(0.060 * 0.010 / 0.015)
+    # the nearest batch size with a common reference wins: 6 is nearer 8 than 1
+    costs.observe(6, 8, 0.030)
+    costs.observe(6, 16, 0.040)
+    assert costs.predict(8, 8) == pytest.approx(0.060 * 0.030 / 0.040)
     costs.observe(2, 4, float("nan"))
     assert costs.predict(2, 4) is None
 
@@ -100,12 +116,19 @@ class Simulated:
     """A server whose requests accept each proposal with their own rate and whose step
     cost grows with the verified tokens (bs x width) plus a draft cost when drafting."""
 
-    def __init__(self, rates, base=1.0, per_token=0.05, draft=0.6, seed=0):
+    def __init__(self, rates, base=1.0, per_token=0.05, draft=0.6, seed=0, first_step_penalty=1.0):
         self.rates, self.base, self.per_token, self.draft = rates, base, per_token, draft
         self.rng = random.Random(seed)
+        self.penalty, self.seen = first_step_penalty, set()
 
     def cost(self, bs, width):
         return self.base + self.per_token * bs * width + (self.draft if width > 1 else 0.0)
+
+    def measured(self, bs, width):
+        """What the clock reports: the first step at a width is slower (warm-up)."""
+        first = (bs, width) not in self.seen
+        self.seen.add((bs, width))
+        return self.cost(bs, width) * (self.penalty if first else 1.0)
 
     def accepted(self, rate, width):
         n = 0
@@ -125,7 +148,7 @@ class Simulated:
             width = policy.choose(rids)
             accepted = [self.accepted(r, width) for r in self.rates]
             policy.observe_step(rids, width, accepted)
-            policy.observe_cost(len(rids), width, self.cost(len(rids), width))
+            policy.observe_cost(len(rids), width, self.measured(len(rids), width))
             tokens += sum(a + 1 for a in accepted)
             seconds += self.cost(len(rids), width)
         return tokens / seconds
@@ -142,6 +165,18 @@ def test_adaptive_policy_reaches_the_best_fixed_width(rates, bs_note):
     # and it settled on the best width, not a mixture
     favourite = max(policy.histogram, key=policy.histogram.get)
     assert sim.expected_rate(favourite) >= 0.97 * best, (bs_note, policy.histogram)
+
+
+def test_a_slow_first_step_and_censored_positions_do_not_lock_in_a_narrow_width():
+    """c1, acceptance 0.98, the widest width best; its first measured step is twice as slow
+    (warm-up), so the policy runs narrower for a while and never sees positions 8-15: those
+    inherit the rate measured before them, and the widest width wins back."""
+    sim = Simulated([0.98], per_token=0.01, draft=0.3, first_step_penalty=2.0)
+    assert max(WIDTHS, key=sim.expected_rate) == 16
+    policy = AdaptiveWidth(AdaptiveWidthConfig())
+    got = sim.run(policy, 400)
+    assert got >= 0.95 * sim.expected_rate(16), policy.histogram
+    assert max(policy.histogram, key=policy.histogram.get) == 16
 
 
 def test_adaptive_policy_follows_a_change_of_load():

@@ -24,6 +24,7 @@ bookkeeping, is upstream's):
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 from types import SimpleNamespace
@@ -143,7 +144,7 @@ class DominoDFlashWorker(DFlashWorkerV2):
                              else FixedWidth(int(self.block_size)))
         self._widths = WidthSwitch(self)
         self._clock = StepClock()
-        self._pending = None
+        self._in_flight = collections.deque()  # (rids, width) of adaptive steps not yet processed
         if adaptive is not None:
             sampled_draft.install()  # answers width-1 steps' rollout with no proposals
         # argument resolution refuses the flag for drafts that are not Domino
@@ -300,16 +301,23 @@ class DominoDFlashWorker(DFlashWorkerV2):
         width = self._choose_width(rids)
         with self._widths.at(width):
             result = self._step(batch, *args, **kwargs)
-        self._pending = (rids, width, result.accept_lens)
+        self._in_flight.append((rids, width))
         return result
+
+    def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size: int = 0) -> None:
+        """The scheduler's hook once a decode step's accept counts are on the host
+        (`batch_result_processor.py:801-806`, decode results only, in step order): the
+        adaptive policy learns from it without a device sync in the step."""
+        super().on_verify_complete_cpu(num_correct_drafts_per_req, batch_size=batch_size)
+        if not self._in_flight:
+            return
+        rids, width = self._in_flight.popleft()
+        if width > 1 and len(rids) == len(num_correct_drafts_per_req):
+            # a width-1 step proposes nothing: no acceptance to learn from
+            self.width_policy.observe_step(rids, width, num_correct_drafts_per_req)
 
     def _choose_width(self, rids) -> int:
         policy = self.width_policy
-        if self._pending is not None:
-            done, width, commit_lens = self._pending
-            self._pending = None
-            if width > 1:  # a width-1 step proposes nothing: no acceptance to learn from
-                policy.observe_step(done, width, [int(c) - 1 for c in commit_lens.tolist()])
         lap = self._clock.lap()
         if lap is not None:
             policy.observe_cost(*lap)
@@ -319,9 +327,12 @@ class DominoDFlashWorker(DFlashWorkerV2):
         if policy.histogram.get(width, 0) == 1:
             logger.info("sglang-domino adaptive verify: width %d first chosen at batch size %d", width, len(rids))
         if steps % policy.cfg.log_every_steps == 0:
+            bs = len(rids)
             scores = ", ".join(f"{w}: {v:.1f}" for w, v in sorted(policy.last_scores.items(), reverse=True))
-            logger.info("sglang-domino adaptive verify: %s; expected tokens/s by width at batch size %d: {%s}",
-                        policy.describe(), len(rids), scores)
+            costs = ", ".join(f"{w}: {1000 * c:.2f}" for w in policy.widths
+                              if (c := policy.costs.predict(bs, w)) is not None)
+            logger.info("sglang-domino adaptive verify: %s; at batch size %d, step ms by width {%s}, "
+                        "expected tokens/s by width {%s}", policy.describe(), bs, costs, scores)
         return width
 
     def _step(self, batch, *args, **kwargs):
