@@ -197,10 +197,27 @@ def _around_rollout(original, *args, **kwargs):
         # a width-1 step (adaptive verify width): nothing to propose; upstream's rollout
         # assumes at least one proposal
         return torch.empty((hidden.shape[0], 0), dtype=torch.int64, device=hidden.device)
+    if not kwargs.get("in_cuda_graph"):
+        kwargs["target_embedding"] = plain_embedding(kwargs.get("target_embedding"))
     step = active_step()
     if step is None or kwargs.get("in_cuda_graph"):
         return original(*args, **kwargs)
     return domino_sampled_rollout(step, **kwargs)
+
+
+def plain_embedding(module):
+    """The eager rollout embeds one feedback token per step (14 calls a step at block 16).
+    A single-rank, unquantized `VocabParallelEmbedding` is `F.embedding` on its weight
+    (`vocab_parallel_embedding.py:479-484`, `quantization/unquant.py:539-540`) behind a
+    bounds check and context managers that cost more than the lookup on CPU; the ids here
+    are argmax / sampled ids of the vocabulary. Anything else is used as it is."""
+    from sglang.srt.layers.quantization.unquant import UnquantizedEmbeddingMethod
+
+    if (getattr(module, "tp_size", None) == 1 and getattr(module, "output_dtype", "x") is None
+            and type(getattr(module, "quant_method", None)) is UnquantizedEmbeddingMethod):
+        weight = module.weight
+        return lambda ids: F.embedding(ids, weight)
+    return module
 
 
 _around_rollout._sglang_domino = True

@@ -11,10 +11,14 @@ bookkeeping, is upstream's):
     from the verify window (b8, the Transformers window): see `_resolve_draft_block`.
   * `init_cuda_graphs`, `_maybe_build_draft_sampler`: the draft graph captured, and the
     eager rollout used, for that draft block.
-  * `forward_batch_generation` (a wrapper), `_accept_block`: sampled requests verified
-    exactly where 0.5.23 has no kernel (point-mass rule), and with
-    `--speculative-use-rejection-sampling` proposed from the Domino draft's q and
-    accepted with min(1, p/q) (`sampled_draft`).
+  * `forward_batch_generation` (a wrapper): each decode step at the verify width the
+    worker's `width_policy` chooses (`sglang_domino.verify_width`: fixed, or adaptive
+    with `--speculative-adaptive`; the step's width-dependent state swapped by
+    `step_width.WidthSwitch`); `on_verify_complete_cpu`: the adaptive policy's
+    acceptance counts.
+  * `_accept_block` (and the wrapper): sampled requests verified exactly where 0.5.23
+    has no kernel (point-mass rule), and with `--speculative-use-rejection-sampling`
+    proposed from the Domino draft's q and accepted with min(1, p/q) (`sampled_draft`).
   * hooks installed from `__init__` (scheduler only): `parse_dflash_draft_config` reads
     the `causal_v5` alias as `domino`; `DFlashDraftModel.load_weights` sees names through
     `sglang_domino.checkpoint.normalize_keys` (legacy `logit_head.*` keys); with b8, the
@@ -145,8 +149,10 @@ class DominoDFlashWorker(DFlashWorkerV2):
         self._widths = WidthSwitch(self)
         self._clock = StepClock()
         self._in_flight = collections.deque()  # (rids, width) of adaptive steps not yet processed
-        if adaptive is not None:
-            sampled_draft.install()  # answers width-1 steps' rollout with no proposals
+        if self._is_domino:
+            # the eager rollout's feedback embedding (`sampled_draft.plain_embedding`); with
+            # an adaptive width it also answers width-1 steps with no proposals
+            sampled_draft.install()
         # argument resolution refuses the flag for drafts that are not Domino
         self.q_rule = bool(get_spec().speculative_use_rejection_sampling) and self._is_domino
         logger.info(

@@ -214,9 +214,11 @@ SPEC_CONFIGS = {
     # `--speculative-adaptive`: a verify width in {16, 8, 4, 2, 1} chosen per decode step
     "dflash_adaptive": ("dflash", "adaptive"),
     "domino_adaptive": ("domino", "adaptive"),
+    "domino_q_adaptive": ("domino", "adaptive"),
 }
 SPEC_FLAGS = {"domino_q": ["--speculative-use-rejection-sampling"],
-              "domino_q_w8": ["--speculative-use-rejection-sampling"]}
+              "domino_q_w8": ["--speculative-use-rejection-sampling"],
+              "domino_q_adaptive": ["--speculative-use-rejection-sampling"]}
 
 
 def spec_args(models, kind: str, width: Optional[int]) -> list[str]:

@@ -136,7 +136,10 @@ RESOLVE = f"""
                                block=v.speculative_dflash_block_size,
                                max_draft=max_speculative_num_draft_tokens(sa),
                                **({{"draft_block": os.environ["SGLANG_DOMINO_DRAFT_BLOCK"]}}
-                                  if "SGLANG_DOMINO_DRAFT_BLOCK" in os.environ else {{}})))
+                                  if "SGLANG_DOMINO_DRAFT_BLOCK" in os.environ else {{}}),
+                               **({{"adaptive": json.loads(os.environ["SGLANG_DOMINO_ADAPTIVE"]),
+                                    "upstream_adaptive": v.speculative_adaptive}}
+                                  if "SGLANG_DOMINO_ADAPTIVE" in os.environ else {{}})))
         except Exception as err:
             result.append(dict(ok=False, error=type(err).__name__ + ": " + str(err)))
     {emit()}
@@ -193,6 +196,35 @@ def test_resolution_of_the_transformers_window_option(sglang_tmp, models):
     assert hf17 == {"ok": True, "num_draft_tokens": 17, "draft_backend": "torch_native", "block": 17,
                     "max_draft": 17, "draft_block": "16"}
     assert not dflash["ok"] and "needs a Domino draft with dflash_config.shift_label=true" in dflash["error"]
+
+
+def test_resolution_of_the_adaptive_flag(sglang_tmp, models, tmp_path):
+    """`--speculative-adaptive` (0.5.23: EAGLE only, turned off for DFLASH) means the adaptive
+    verify width: its settings validated and carried to the schedulers, upstream's own
+    EAGLE machinery left off; the window stays the largest width; combinations the worker
+    cannot serve are refused with the flag named."""
+    narrow = tmp_path / "narrow.json"
+    narrow.write_text(json.dumps({"widths": [8, 2], "probe_every": 8}))
+    eagle = tmp_path / "eagle.json"
+    eagle.write_text(json.dumps({"1": {"candidate_steps": [1, 3]}}))
+    flag = "--speculative-adaptive"
+    default, b8, bad, compact = resolve(sglang_tmp, models, [
+        (models["domino"], ["--speculative-dflash-block-size", "16", flag]),
+        (models["dflash"], ["--speculative-dflash-block-size", "16", "--speculative-num-draft-tokens", "8", flag,
+                            "--speculative-adaptive-config", str(narrow)]),
+        (models["domino"], ["--speculative-dflash-block-size", "16", flag, "--speculative-adaptive-config", str(eagle)]),
+        (models["domino"], ["--speculative-dflash-block-size", "16", flag, "--speculative-draft-window-size", "64"]),
+    ])
+    assert default["ok"] and default["num_draft_tokens"] == 16 and default["max_draft"] == 16, default
+    assert default["adaptive"]["widths"] == [16, 8, 4, 2, 1] and default["upstream_adaptive"] is False
+    assert b8["ok"] and b8["num_draft_tokens"] == 8 and b8["draft_block"] == "16", b8
+    assert b8["adaptive"]["widths"] == [8, 2] and b8["adaptive"]["probe_every"] == 8
+    assert not bad["ok"] and "--speculative-adaptive-config" in bad["error"] and "Extra inputs" in bad["error"]
+    assert "fields: widths" in bad["error"]
+    assert not compact["ok"] and "needs the full draft cache" in compact["error"]
+    (hf,) = resolve(sglang_tmp, models, [(models["domino"], ["--speculative-dflash-block-size", "16", flag])],
+                    env={"SGLANG_DOMINO_HF_WINDOW": "1"})
+    assert not hf["ok"] and "cannot be combined with SGLANG_DOMINO_HF_WINDOW=1" in hf["error"]
 
 
 def test_disabled_plugin_gives_upstreams_cpu_refusal(sglang_tmp, models):

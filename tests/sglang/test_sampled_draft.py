@@ -139,3 +139,33 @@ def test_sampled_rollout_through_a_vocab_parallel_head_matches_one_rank(inputs, 
     for t in threads:
         t.join()
     assert torch.equal(out[0], single) and torch.equal(out[1], single)
+
+
+def test_rollout_hook_embeds_feedback_plainly_and_answers_a_one_slot_block(inputs):
+    """The hook on upstream's rollout: a single-rank unquantized `VocabParallelEmbedding` is
+    looked up with `F.embedding` on its weight (anything else is left alone), the greedy
+    rollout's tokens unchanged; a one-slot block (an adaptive width-1 step) proposes nothing."""
+    from sglang.srt.layers.quantization.unquant import UnquantizedEmbeddingMethod
+
+    from sglang_domino.sglang.sampled_draft import _around_rollout, plain_embedding
+
+    mods, hidden, bonus = inputs
+    weight = mods[1].weight
+    layer = SimpleNamespace(tp_size=1, output_dtype=None, quant_method=UnquantizedEmbeddingMethod(), weight=weight)
+    ids = torch.tensor([[3, 7], [0, V - 1]])
+    assert torch.equal(plain_embedding(layer)(ids), torch.nn.functional.embedding(ids, weight))
+    for other in (SimpleNamespace(**{**vars(layer), "tp_size": 2}),
+                  SimpleNamespace(**{**vars(layer), "output_dtype": torch.float16}), mods[1]):
+        assert plain_embedding(other) is other
+    seen = []
+
+    def upstream(**kw):
+        seen.append(kw["target_embedding"])
+        return du.domino_greedy_rollout(**kw)
+
+    kwargs = _kwargs(mods, hidden, bonus, 0)
+    want = du.domino_greedy_rollout(**kwargs)
+    got = _around_rollout(upstream, **{**kwargs, "target_embedding": layer})
+    assert torch.equal(got, want) and seen[-1] is not layer
+    empty = _around_rollout(upstream, **{**kwargs, "draft_hidden": hidden[:, :1]})
+    assert empty.shape == (BS, 0) and len(seen) == 1

@@ -2,8 +2,8 @@
 beyond the single-rank command (`sglang_domino.sglang.cpu_parallel`).
 
 Greedy output of the TP 2 plain server is the TP 1 output (float32, the tiny target);
-DFlash and Domino at TP 2, verify width 16 and 8, are token for token the TP 2 plain
-server's, with the vocabulary-parallel Domino rollout running through real gloo groups;
+DFlash and Domino at TP 2, verify width 16, 8 and adaptive, are token for token the TP 2
+plain server's, with the vocabulary-parallel Domino rollout running through real gloo groups;
 8 concurrent streams and an abort give the plain text back and every KV slot; stopping
 the server leaves no rank running."""
 
@@ -20,7 +20,9 @@ pytestmark = pytest.mark.sglang_e2e
 
 TP = ["--tp-size", "2"]
 IDS = e2e.HF_PROMPTS
-CONFIGS = {"dflash": ("dflash", None), "domino": ("domino", None), "domino_w8": ("domino", 8)}
+# "domino_adaptive": every rank runs rank 0's width (chosen from rank-local step timings)
+CONFIGS = {"dflash": ("dflash", None), "domino": ("domino", None), "domino_w8": ("domino", 8),
+           "domino_adaptive": ("domino", "adaptive")}
 
 
 def _outputs(server):
