@@ -6,7 +6,9 @@ heldout:16 on the test bed], MAX_NEW_TOKENS [2048], TEMPERATURE [0.0],
 CONCURRENCIES [1,2,4,8,16,32], BLOCK_SIZE [16], VERIFY_TOKENS [= BLOCK_SIZE; 8 for "b8"],
 WIDTHS [VERIFY_TOKENS; comma-separated verify widths and/or `adaptive`, one method per draft
 and width: `<draft>` at BLOCK_SIZE, `<draft>-w<W>` at W, `<draft>-adaptive` with
---speculative-adaptive], TP_SIZE [1], REPEATS [1], SERVER_ARGS [extra flags for every server], PYTHON, CHAT_TEMPLATE
+--speculative-adaptive], ROUNDS [1; every method's server started this many times, the
+methods in turn (reversed every other round), so slow drift and server-to-server variance fall on every method alike; a
+round's runs are repeats], TP_SIZE [1], REPEATS [1], SERVER_ARGS [extra flags for every server], PYTHON, CHAT_TEMPLATE
 [1], ENABLE_THINKING [0], OUT_DIR [benchmarks/results/sglang-<time>],
 SERVER_TIMEOUT [600 s], RULES [point: sampled requests verified as point masses; q: Domino
 drafts with --speculative-use-rejection-sampling, method `<draft>+q`; both].
@@ -51,6 +53,7 @@ class SGLangBenchConfig(BenchSettings):
     verify_tokens: int = Field(ge=2)
     widths: list[Union[int, str]]
     tp_size: int = Field(ge=1)
+    rounds: int = Field(ge=1)
     server_args: list[str]
     python: str
     server_timeout: float
@@ -73,7 +76,7 @@ class SGLangBenchConfig(BenchSettings):
                 raise ValueError(f"RULES: got {env.get('RULES')!r}, expected one of {sorted(RULES)}")
             widths = [_width(w, block) for w in env.get("WIDTHS", str(verify)).split(",") if w.strip()]
             return cls(**common, concurrencies=concs, verify_tokens=verify, widths=widths,
-                       tp_size=int(env.get("TP_SIZE", 1)),
+                       tp_size=int(env.get("TP_SIZE", 1)), rounds=int(env.get("ROUNDS", 1)),
                        server_args=shlex.split(env.get("SERVER_ARGS", "")), python=env.get("PYTHON") or sys.executable,
                        server_timeout=float(env.get("SERVER_TIMEOUT", 600)), on_cpu=not _has_cuda(), rules=rules)
         except ValueError as err:
@@ -175,24 +178,28 @@ def main() -> int:
     records_path = os.path.join(cfg.out_dir, "records.jsonl")
     open(records_path, "w").close()
     methods = cfg.methods()
-    total = len(methods) * len(cfg.concurrencies) * cfg.repeats * sum(len(t) for t in texts.values())
+    total = cfg.rounds * len(methods) * len(cfg.concurrencies) * cfg.repeats * sum(len(t) for t in texts.values())
     bar = tqdm(total=total, desc="requests", dynamic_ncols=True)
     clock0 = time.time()
-    for method, (draft, extra) in methods.items():
-        port = free_port()
-        cmd = cfg.launch_command(port, draft, tuple(extra))
-        print(f"[{method}] {shlex.join(cmd)}", flush=True)
-        with server(cmd, port, cfg.server_timeout, os.path.join(cfg.out_dir, f"server-{method}.log")) as url:
-            warm = next(iter(texts.values()))[: max(cfg.concurrencies)]
-            with ThreadPoolExecutor(max_workers=len(warm)) as pool:
-                list(pool.map(lambda t: generate(url, t, cfg.model_copy(update={"max_new_tokens": 16})), warm))
-            for conc in cfg.concurrencies:
-                for repeat in range(cfg.repeats):
-                    for task, prompts in texts.items():
-                        recs = measure(url, method, task, conc, repeat, prompts, cfg, clock0)
-                        write(records_path, recs)
-                        bar.set_postfix(method=method, c=conc, task=task)
-                        bar.update(len(recs))
+    for round_ in range(cfg.rounds):
+        order = list(methods.items())
+        for method, (draft, extra) in (order if round_ % 2 == 0 else order[::-1]):
+            port = free_port()
+            cmd = cfg.launch_command(port, draft, tuple(extra))
+            print(f"[{method}] {shlex.join(cmd)}", flush=True)
+            log = f"server-{method}.log" if cfg.rounds == 1 else f"server-{method}-round{round_}.log"
+            with server(cmd, port, cfg.server_timeout, os.path.join(cfg.out_dir, log)) as url:
+                warm = next(iter(texts.values()))[: max(cfg.concurrencies)]
+                with ThreadPoolExecutor(max_workers=len(warm)) as pool:
+                    list(pool.map(lambda t: generate(url, t, cfg.model_copy(update={"max_new_tokens": 16})), warm))
+                for conc in cfg.concurrencies:
+                    for repeat in range(cfg.repeats):
+                        for task, prompts in texts.items():
+                            recs = measure(url, method, task, conc, round_ * cfg.repeats + repeat, prompts, cfg,
+                                           clock0)
+                            write(records_path, recs)
+                            bar.set_postfix(method=method, c=conc, task=task)
+                            bar.update(len(recs))
     bar.close()
     from .report import main as report
 
