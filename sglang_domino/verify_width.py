@@ -16,8 +16,9 @@ cost(bs, W) is the measured seconds of a decode step at that batch size and widt
 verifies the bonus token alone: a plain decode step that skips the draft.
 
 Ties go to the narrower width (same throughput for less work). A fresh server starts at
-the widest width; every `probe_every`-th step verifies a neighbouring width instead
-(wider and narrower in turn; a neighbour never measured is probed sooner), so acceptance
+the widest width; after `probe_every` steps one step verifies a neighbouring width instead
+(wider and narrower in turn, at doubling intervals while the choice holds; a neighbour
+never measured is probed sooner), so acceptance
 beyond the chosen width and the cost of the next narrower one keep being measured, and
 the choice walks to a better width one neighbour at a time without a costly sweep of
 every width on a loaded server.
@@ -285,6 +286,9 @@ class AdaptiveWidth:
     last_scores: dict[int, float] = field(init=False, default_factory=dict)
     steps: int = field(init=False, default=0)
     probes: int = field(init=False, default=0)
+    settled: tuple[int, int] = field(init=False, default=(0, 1))   # (choice, batch size) probes confirm
+    interval: int = field(init=False, default=0)
+    next_probe: int = field(init=False, default=0)
 
     def __post_init__(self):
         self.stats = AcceptanceStats(max(self.cfg.widths), self.cfg)
@@ -296,9 +300,10 @@ class AdaptiveWidth:
         return self.cfg.widths
 
     def choose(self, rids: Sequence[str]) -> int:
-        """The width for this batch; every `probe_every`-th step a neighbouring one instead,
-        wider and narrower in turn (every step the wider one while the first position has
-        fewer than `probe_until` measurements): a narrower width never sees the positions
+        """The width for this batch; after `probe_every` steps a neighbouring one instead,
+        wider and narrower in turn, then at doubling intervals while the choice holds (every
+        step the wider one while the first position has fewer than `probe_until`
+        measurements): a narrower width never sees the positions
         beyond it, and width 1 sees none, so without a probe a pessimistic estimate (e.g.
         from a warm-up request the draft cannot predict) would never be corrected; nor
         would the cost of a width not run at this batch size."""
@@ -307,12 +312,12 @@ class AdaptiveWidth:
         survivals = [self.stats.survival(r, rates) for r in rids]
         width, self.last_scores = choose_width(self.widths, survivals, lambda w: self.costs.predict(bs, w))
         self.steps += 1
-        probe = self._probe(width)
+        probe = self._probe(width, bs)
         width = probe if probe is not None else width
         self.histogram[width] += 1
         return width
 
-    def _probe(self, width: int) -> Optional[int]:
+    def _probe(self, width: int, bs: int) -> Optional[int]:
         every = self.cfg.probe_every
         if not every:
             return None
@@ -325,8 +330,14 @@ class AdaptiveWidth:
         # a narrower neighbour never measured at all: its cost four times as often
         if narrower is not None and narrower not in self.costs.cells:
             return narrower if self.steps % max(every // 4, 1) == 0 else None
-        if self.steps % every:
+        # back off while probes confirm the choice (twice the interval each time, up to 8 x
+        # `probe_every`); a new choice or a batch size twice or half the last one resets it
+        if width != self.settled[0] or not 0.5 < bs / self.settled[1] < 2.0:
+            self.settled, self.interval, self.next_probe = (width, bs), every, self.steps + every
+        if self.steps < self.next_probe:
             return None
+        self.next_probe = self.steps + self.interval
+        self.interval = min(2 * self.interval, 8 * every)
         self.probes += 1  # wider and narrower in turn
         if wider is not None and (self.probes % 2 or narrower is None):
             return wider

@@ -211,3 +211,14 @@ def test_config_validation_names_the_field(tmp_path):
     cfg = AdaptiveWidthConfig(widths=[1, 16, 4, 4])
     assert cfg.widths == [16, 4, 1]
     assert cfg.for_window(8).widths == [8, 4, 1]
+
+
+def test_probes_back_off_while_the_choice_holds():
+    """A stable optimum: probes at doubling intervals (up to 8 x probe_every), so a long run
+    spends almost nothing on them; a change of load resets the interval (see above)."""
+    sim = Simulated([0.95], per_token=0.01, draft=0.3)
+    policy = AdaptiveWidth(AdaptiveWidthConfig(probe_every=32))
+    sim.run(policy, 2000)
+    off_choice = sum(n for w, n in policy.histogram.items() if w != 16)
+    # 32 + 64 + 128 + 256 * k: about 10 probes in 2000 steps (every 32nd would be 62)
+    assert policy.histogram[16] > 1900 and off_choice <= 16, policy.histogram

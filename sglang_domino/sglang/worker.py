@@ -327,7 +327,11 @@ class DominoDFlashWorker(DFlashWorkerV2):
         lap = self._clock.lap()
         if lap is not None:
             policy.observe_cost(*lap)
-        width = broadcast_width(policy.choose(rids))
+        mine = policy.choose(rids)
+        width = broadcast_width(mine)
+        if width != mine:  # another TP rank's timings chose; count what runs
+            policy.histogram[mine] -= 1
+            policy.histogram[width] += 1
         self._clock.label(len(rids), width)
         steps = sum(policy.histogram.values())
         if policy.histogram.get(width, 0) == 1:
