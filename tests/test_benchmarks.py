@@ -274,7 +274,8 @@ def test_gpu_check_script_smoke_runs_on_cpu():
 
 @pytest.mark.parametrize("run", ["hf-testbed", "sglang-testbed", "sglang-testbed-b8", "sglang-testbed-bf16",
                                  "sglang-testbed-t1.0", "sglang-testbed-t0.6", "sglang-testbed-accept-t1.0",
-                                 "sglang-testbed-accept-t0.6"])
+                                 "sglang-testbed-accept-t0.6", "sglang-testbed-adaptive-float32",
+                                 "sglang-testbed-adaptive-bfloat16"])
 def test_checked_in_results_reproduce_from_their_records(run):
     folder = os.path.join(ROOT, "benchmarks", "results", run)
     assert report.main([os.path.join(folder, "records.jsonl"), "--check", os.path.join(folder, "summary.md")]) == 0
