@@ -222,16 +222,21 @@ def choose_width(widths: Sequence[int], survivals: Sequence[Sequence[float]],
     """The width maximising expected committed tokens per second for one batch.
 
     `survivals[r][k - 1]` is request r's S(k); `cost(w)` the predicted seconds of the step
-    at width w, or None when w was never measured. An unmeasured width is priced by
-    `_extrapolate` from the measured ones; with nothing measured the widest width is
-    returned. Returns (width, {width: expected tokens/s})."""
+    at width w, or None when w was never measured. An unmeasured width next to a measured
+    one is priced by `_extrapolate`; one further away is not a candidate; with nothing
+    measured the widest width is returned. Returns (width, {width: expected tokens/s})."""
     known = {w: c for w in widths if (c := cost(w)) is not None}
     if not known:
         return max(widths), {}
+    order = sorted(widths)
     scores = {}
-    for w in widths:
+    for i, w in enumerate(order):
         price = known.get(w)
         if price is None:
+            # only a neighbour of a measured width: a price extrapolated over several
+            # halvings from two noisy steps would send the policy across the range
+            if not any(n in known for n in order[max(i - 1, 0): i + 2]):
+                continue
             price = _extrapolate(known, w)
         tokens = sum(1.0 + sum(s[: w - 1]) for s in survivals)
         scores[w] = tokens / price

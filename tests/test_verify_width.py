@@ -48,7 +48,9 @@ def test_unmeasured_widths_are_priced_from_the_measured_ones():
     # a noisy table never makes an unmeasured wider width cheaper than a measured narrower one
     _, scores = choose_width(WIDTHS, [geometric(0.99)], {8: 1.0, 4: 2.0}.get)
     assert scores[16] == pytest.approx(tokens[16] / 1.0)
-    assert scores[1] == pytest.approx(tokens[1] / 2.0)
+    assert scores[2] == pytest.approx(tokens[2] / 2.0)
+    # and a width two halvings from anything measured is no candidate yet
+    assert 1 not in scores
 
 
 def test_acceptance_counts_only_the_positions_a_verify_saw():
