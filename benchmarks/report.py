@@ -145,12 +145,7 @@ def plot(records: list[Record], out_dir: str) -> list[str]:
             ax.set_xticks([x + width * (len(spec) - 1) / 2 for x in range(len(tasks))], tasks)
             ax.set_ylabel("speedup vs target-only" if kind == "speedup" else "accept length")
             ax.set_title(f"{kind.replace('_', ' ')}, concurrency {conc}")
-            ax.legend(fontsize=8)
-            fig.tight_layout()
-            path = os.path.join(out_dir, f"{kind}_c{conc}.png")
-            fig.savefig(path, dpi=110)
-            plt.close(fig)
-            files.append(path)
+            files.append(_save(plt, fig, ax, os.path.join(out_dir, f"{kind}_c{conc}.png")))
     concs = sorted({r.concurrency for r in records})
     if len(concs) > 1:
         files += _plot_throughput(plt, tps, tasks, concs, [TARGET_ONLY] + spec, out_dir)
@@ -173,13 +168,16 @@ def _plot_throughput(plt, tps, tasks, concs, methods, out_dir) -> list[str]:
         ax.set_ylabel("output tokens/s")
         ax.set_title(f"throughput, {task}")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        path = os.path.join(out_dir, f"throughput_{task}.png")
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        files.append(path)
+        files.append(_save(plt, fig, ax, os.path.join(out_dir, f"throughput_{task}.png")))
     return files
+
+
+def _save(plt, fig, ax, path: str) -> str:
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def main(argv=None) -> int:
