@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Optional, Protocol, Sequence
+from typing import Optional, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -170,7 +170,7 @@ class StepCosts:
     running now always is): widths are compared at one batch size, and what carries over
     between neighbouring batch sizes is how their costs relate. With no width measured at
     this batch size yet, the nearest batch size's cost is taken as it is. A width never
-    measured is unknown (None): the policy tries it."""
+    measured is unknown (None): `choose_width` prices it from measured neighbours."""
 
     def __init__(self, ema: float):
         self.ema = float(ema)
@@ -207,16 +207,6 @@ class StepCosts:
         return best
 
 
-class WidthPolicy(Protocol):
-    widths: Sequence[int]
-
-    def choose(self, rids: Sequence[str]) -> int: ...
-
-    def observe_step(self, rids: Sequence[str], width: int, accepted: Sequence[int]) -> None: ...
-
-    def observe_cost(self, bs: int, width: int, seconds: float) -> None: ...
-
-
 def choose_width(widths: Sequence[int], survivals: Sequence[Sequence[float]],
                  cost: "callable") -> tuple[int, dict[int, float]]:
     """The width maximising expected committed tokens per second for one batch.
@@ -229,6 +219,10 @@ def choose_width(widths: Sequence[int], survivals: Sequence[Sequence[float]],
     if not known:
         return max(widths), {}
     order = sorted(widths)
+    # expected tokens at width w: one per request plus the batch's S(1) + ... + S(w - 1)
+    cumulative = [0.0]
+    for k in range(max(widths) - 1):
+        cumulative.append(cumulative[-1] + sum(s[k] for s in survivals if k < len(s)))
     scores = {}
     for i, w in enumerate(order):
         price = known.get(w)
@@ -238,8 +232,7 @@ def choose_width(widths: Sequence[int], survivals: Sequence[Sequence[float]],
             if not any(n in known for n in order[max(i - 1, 0): i + 2]):
                 continue
             price = _extrapolate(known, w)
-        tokens = sum(1.0 + sum(s[: w - 1]) for s in survivals)
-        scores[w] = tokens / price
+        scores[w] = (len(survivals) + cumulative[w - 1]) / price
     best = max(scores.values())
     # ties (within float noise) go to the narrowest width
     width = min(w for w, v in scores.items() if v >= best * (1.0 - 1e-9))
