@@ -133,9 +133,13 @@ def register_torch_ops() -> None:
     global _torch_ops
     if _torch_ops is not None or hasattr(torch.ops.sgl_kernel, "murmur_hash32_cpu"):
         return
+    from . import cpu_gdn_ops, cpu_qwen3_5
+
     lib = torch.library.Library("sgl_kernel", "FRAGMENT")
     lib.define("murmur_hash32_cpu(Tensor seed, Tensor positions, Tensor col_indices) -> Tensor")
     lib.impl("murmur_hash32_cpu", murmur_hash32_cpu, "CPU")
+    cpu_gdn_ops.register(lib)
+    cpu_qwen3_5.register(lib)
     _torch_ops = lib
 
 
@@ -157,6 +161,23 @@ def _missing(name: str, reason: str):
     return unavailable
 
 
+def _mamba_module() -> types.ModuleType:
+    """`sgl_kernel.mamba`, imported by name by every hybrid (mambaish) model's backends on
+    CPU (`gdn_backend.py:184`, `gdn_triton.py:28`, `kda_backend.py:39`)."""
+    import importlib.machinery
+    import sys
+
+    from . import cpu_gdn_ops
+
+    mod = types.ModuleType("sgl_kernel.mamba", "sglang-domino CPU stand-in for sgl_kernel.mamba")
+    mod.__spec__ = importlib.machinery.ModuleSpec("sgl_kernel.mamba", None)
+    mod.__file__ = cpu_gdn_ops.__file__
+    for name in cpu_gdn_ops.MAMBA_FUNCTIONS:
+        setattr(mod, name, getattr(cpu_gdn_ops, name))
+    sys.modules["sgl_kernel.mamba"] = mod
+    return mod
+
+
 def build_module(reason: str) -> types.ModuleType:
     """The module object served as `sgl_kernel` (a package with an empty path)."""
     import importlib.machinery
@@ -171,6 +192,7 @@ def build_module(reason: str) -> types.ModuleType:
     mod.STANDIN_REASON = reason
     for name in IMPLEMENTED:
         setattr(mod, name, globals()[name])
+    mod.mamba = _mamba_module()
     register_torch_ops()
 
     def __getattr__(name: str):

@@ -26,7 +26,8 @@ What it registers (all idempotent, `SGLANG_DOMINO_DISABLE=1` registers nothing):
     scheduler).
   * with the CPU engine on: `torch_native` appended to
     `DRAFT_ATTENTION_BACKEND_CHOICES` (`srt/arg_groups/choices.py:103`); the thread
-    binding and process-group hooks of `cpu_parallel` (`--tp-size N` on CPU).
+    binding and process-group hooks of `cpu_parallel` (`--tp-size N` on CPU); the
+    hybrid-target replacements of `cpu_hybrid`, applied when a scheduler starts.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ MAX_DRAFT_TOKENS_TARGET = (
 ADD_CLI_ARGS_TARGET = "sglang.srt.server_args.ServerArgs.add_cli_args"
 VALIDATE_REQUEST_TARGET = "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request"
 RESOLUTION_STEP = "handle_speculative_decoding"
+MODEL_STEP = "handle_model_specific_adjustments"
 OLD_MAMBA_FLAG = "--mamba-scheduler-strategy"
 SOURCE = "sglang_domino"
 REJECTION_HELP = (
@@ -297,6 +299,30 @@ def _check_draft(cfg):
 _resolve_speculative._sglang_domino = True
 
 
+def _resolve_mamba_on_cpu(server_args, previous):
+    """The Qwen3.6-27B card's `--mamba-scheduler-strategy extra_buffer` keeps state snapshots
+    for the radix cache; 0.5.23's CPU platform has none (`mamba_hook.py:102-122` asserts
+    `_platform_supports_mamba_cache_extra_buffer()`, True only for GPU/NPU/XPU platforms),
+    and its CPU prefill kernel returns no per-chunk states to snapshot. Refused here with the
+    settings that do serve on CPU; the speculative per-position state buffers DFLASH's
+    verify uses are allocated whatever the strategy (`memory_pool.py:864-970`)."""
+    from sglang.srt.arg_groups.model_override_base import resolving_view
+
+    cfg = resolving_view(server_args)
+    strategy = str(getattr(cfg, "mamba_radix_cache_strategy", "") or "")
+    if (str(cfg.device).startswith("cpu") and strategy.startswith("extra_buffer")
+            and not cfg.disable_radix_cache):
+        raise ValueError(
+            f"--mamba-scheduler-strategy {strategy} is not available with --device cpu: SGLang 0.5.23's CPU "
+            "platform cannot snapshot mamba (linear-attention) state for the radix cache. Serve with "
+            "--mamba-scheduler-strategy no_buffer --disable-overlap-schedule (prefix caching without state "
+            "snapshots), or --disable-radix-cache.")
+    return previous(server_args)
+
+
+_resolve_mamba_on_cpu._sglang_domino = True
+
+
 # -- registration ---------------------------------------------------------------------
 def register() -> None:
     """Entry point. Idempotent per process."""
@@ -311,12 +337,14 @@ def register() -> None:
     HookRegistry.register(ADD_CLI_ARGS_TARGET, _after_add_cli_args, HookType.AFTER)
     HookRegistry.register(VALIDATE_REQUEST_TARGET, _before_validate_one_request, HookType.BEFORE)
     register_resolution_hook(RESOLUTION_STEP)(_resolve_speculative)
+    register_resolution_hook(MODEL_STEP)(_resolve_mamba_on_cpu)
     if _cpu_engine():
         from sglang.srt.arg_groups.choices import DRAFT_ATTENTION_BACKEND_CHOICES, add_draft_attention_backend_choices
 
-        from . import apply_hooks_once, cpu_parallel
+        from . import apply_hooks_once, cpu_hybrid, cpu_parallel
 
         apply_hooks_once("cpu tensor parallel", cpu_parallel.HOOKS)
+        apply_hooks_once("cpu hybrid runtime", cpu_hybrid.HOOKS)
 
         if "torch_native" not in DRAFT_ATTENTION_BACKEND_CHOICES:
             add_draft_attention_backend_choices(["torch_native"])
