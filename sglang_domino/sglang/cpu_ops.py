@@ -15,6 +15,10 @@ Implemented (call sites in the 0.5.23 wheel):
     (seeded sampling under `--enable-deterministic-inference`, `layers/sampler.py:958`, and
     the q rule's seeded coins), registered as a torch op when the stand-in is built.
 
+Hybrid (gated delta-net) targets: `sgl_kernel.mamba` (`causal_conv1d_fn_cpu`,
+`causal_conv1d_update_cpu`, `chunk_gated_delta_rule_cpu`) and the `torch.ops.sgl_kernel`
+GDN and Qwen3.5 ops, from `cpu_gdn_ops` and `cpu_qwen3_5`.
+
 Every other attribute resolves to a stub that raises `NotImplementedError` naming the
 op when *called* (SGLang imports many ops by name at module load, so the names must
 exist; calling one must fail loudly, never return garbage).

@@ -90,7 +90,8 @@ def _purge_real() -> None:
 class SglKernelFinder(importlib.abc.MetaPathFinder):
     """Answers only for the top-level name `sgl_kernel`; submodules of the stand-in
     fail with ModuleNotFoundError (its `__path__` is empty), which is what sglang's
-    own try/except around optional `sgl_kernel.<sub>` imports expects."""
+    own try/except around optional `sgl_kernel.<sub>` imports expects, except
+    `sgl_kernel.mamba`, which the stand-in puts in `sys.modules` itself."""
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname != STANDIN_NAME:

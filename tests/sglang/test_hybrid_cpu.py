@@ -164,3 +164,18 @@ def test_known_acceptance_lengths_commit_the_accepted_prefix_state(start, hybrid
         assert _used_tokens(server) == 0
     finally:
         server.stop()
+
+
+def test_tensor_parallel_hybrid_target_commits_the_accepted_prefix_state(start, hybrid):
+    """`--tp-size 2`: the gated delta-net heads, the conv channels and their per-position
+    verify buffers split over two ranks, each rank committing its shard of the state."""
+    server = _server(start, hybrid, "tp2-constant", "--tp-size", "2", "--speculative-algorithm", "DFLASH",
+                     "--speculative-draft-model-path", hybrid["constant"], "--speculative-dflash-block-size",
+                     str(BLOCK))
+    try:
+        for body, want in zip(_generate_all_at_once(server, hybrid["prompts"]), hybrid["oracle"]):
+            assert body["output_ids"] == want[:MAX_TOKENS]
+            assert body["meta_info"]["spec_verify_ct"] == len(constant_draft_steps(want, MAX_TOKENS))
+        assert _used_tokens(server) == 0
+    finally:
+        server.stop()

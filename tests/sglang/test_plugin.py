@@ -433,3 +433,71 @@ def test_sglang_serve_exits_with_the_draft_error_before_serving(sglang_tmp, mode
             proc.wait()
     assert proc.returncode != 0
     assert "vocab_size: draft has 1024, expected the target's vocab_size 512" in out
+
+
+def test_resolution_refuses_extra_buffer_on_cpu_and_names_what_serves(sglang_tmp, models):
+    """The Qwen3.6-27B card's `--mamba-scheduler-strategy extra_buffer` cannot run on
+    0.5.23's CPU platform; the refusal names the settings the hybrid CPU tests serve with."""
+    extra, no_buffer, no_radix = resolve(sglang_tmp, models, [
+        (models["dflash"], ["--speculative-dflash-block-size", "16", "--mamba-scheduler-strategy", "extra_buffer"]),
+        (models["dflash"], ["--speculative-dflash-block-size", "16", "--mamba-scheduler-strategy", "no_buffer",
+                            "--disable-overlap-schedule"]),
+        (models["dflash"], ["--speculative-dflash-block-size", "16", "--mamba-scheduler-strategy", "extra_buffer",
+                            "--disable-radix-cache"]),
+    ])
+    assert not extra["ok"]
+    assert "--mamba-scheduler-strategy extra_buffer is not available with --device cpu" in extra["error"]
+    assert "--mamba-scheduler-strategy no_buffer --disable-overlap-schedule" in extra["error"]
+    assert no_buffer["ok"] and no_radix["ok"]
+
+
+HYBRID_UPSTREAM = f"""
+    import inspect
+    import sglang.srt.layers.attention.linear.gdn_backend as gdn
+    import sglang.srt.layers.attention.linear.kernels.gdn_triton as gdn_triton
+    import sglang.srt.layers.attention.hybrid_linear_attn_backend as hybrid
+    import sglang.srt.distributed.bootstrap as bootstrap
+    import sglang.srt.arg_groups.mamba_hook as mamba_hook
+    from sglang.kernels.ops.attention.fla.layernorm_gated import RMSNorm
+    from sglang.kernels.ops.attention.fla.layernorm_gated import rms_norm_ref
+    from types import SimpleNamespace
+    import torch
+    from sglang_domino.sglang import cpu_gdn_ops, cpu_hybrid
+    src = inspect.getsource(gdn) + inspect.getsource(gdn_triton)
+    installed = cpu_hybrid.install()
+    # the replacements answer through upstream's own names, on CPU tensors
+    pool = torch.zeros(1, 3, 2)
+    buf = torch.arange(12.0).reshape(1, 2, 3, 2)
+    hybrid.scatter_mamba_states_after_mtp_verify(
+        SimpleNamespace(temporal=pool, intermediate_ssm=buf, conv=[], intermediate_conv_window=[]),
+        torch.tensor([2, 0]), torch.tensor([1, 2]), None, None)
+    norm = RMSNorm(8, eps=1e-6, group_size=4, norm_before_gate=True)
+    x, z = torch.randn(3, 8), torch.randn(3, 8)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+        ref = rms_norm_ref(x, norm.weight, None, z=z, eps=1e-6, group_size=4, norm_before_gate=True)
+    result = dict(
+        # the stand-ins are what 0.5.23 bound by name on CPU
+        conv=gdn.causal_conv1d_fn is cpu_gdn_ops.causal_conv1d_fn_cpu
+             and gdn.causal_conv1d_update is cpu_gdn_ops.causal_conv1d_update_cpu,
+        chunk=gdn_triton.chunk_gated_delta_rule is cpu_gdn_ops.chunk_gated_delta_rule_cpu,
+        verify_kwargs=all(k in src for k in ("disable_state_update=True", "intermediate_states_buffer=",
+                                               "intermediate_conv_window=", "cache_steps=")),
+        scatter_params=list(inspect.signature(hybrid.scatter_mamba_states_after_mtp_verify).parameters),
+        installed=installed,
+        scatter=pool[0].tolist() == [buf[0, 1, 2].tolist(), [0.0, 0.0], buf[0, 0, 1].tolist()],
+        norm=bool(torch.allclose(norm(x, z), ref, atol=1e-6)),
+        runtime="init_parallel_runtime" in dir(bootstrap),
+        extra_buffer_gate=hasattr(mamba_hook, "_platform_supports_mamba_cache_extra_buffer"),
+    )
+    {emit()}
+"""
+
+
+def test_upstream_hybrid_symbols_the_cpu_path_depends_on(sglang_tmp):
+    r = run_py(HYBRID_UPSTREAM, sglang_tmp, argv=("sglang", "serve", "--device", "cpu"))
+    assert r["conv"] and r["chunk"] and r["verify_kwargs"]
+    assert r["scatter_params"] == ["mamba_caches", "state_indices_tensor", "last_correct_step_indices",
+                                   "mamba_track_indices", "mamba_steps_to_track", "src_indices_raw"]
+    assert r["installed"] and r["scatter"] and r["norm"]
+    assert r["runtime"] and r["extra_buffer_gate"]
