@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from sglang_domino.sglang import cpu_ops, platform
+from sglang_domino.sglang import cpu_gdn_ops, cpu_ops, platform
 
 
 def _layout(bs=4, pool_len=40, seed=0):
@@ -100,7 +100,11 @@ def test_import_hook_tries_the_real_package_first_then_serves_the_stand_in(monke
         assert real_spec is not None  # the CUDA-only wheel is installed here ...
         assert sgl_kernel.__sglang_domino_standin__  # ... fails to import, so the stand-in is served
         assert "sgl_kernel" in sgl_kernel.STANDIN_REASON or sgl_kernel.STANDIN_REASON
-        assert not [k for k in sys.modules if k.startswith("sgl_kernel.")]  # half-imported parts purged
+        # half-imported parts of the real package purged; the stand-in's own `mamba` served
+        assert [k for k in sys.modules if k.startswith("sgl_kernel.")] == ["sgl_kernel.mamba"]
+        from sgl_kernel.mamba import chunk_gated_delta_rule_cpu
+
+        assert chunk_gated_delta_rule_cpu is cpu_gdn_ops.chunk_gated_delta_rule_cpu
         from sgl_kernel import assign_req_to_token_pool_cpu
 
         assert assign_req_to_token_pool_cpu is cpu_ops.assign_req_to_token_pool_cpu

@@ -83,9 +83,10 @@ def _server(start, hybrid, name, *extra):
     return start(args, f"hybrid-{name}", env=server_env(start.tmp))
 
 
-def _spec(start, hybrid, kind):
-    return _server(start, hybrid, kind, "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path",
-                   hybrid[kind], "--speculative-dflash-block-size", str(BLOCK))
+def _spec(start, hybrid, kind, *extra):
+    return _server(start, hybrid, "-".join([kind, *extra]).replace("--", ""), "--speculative-algorithm", "DFLASH",
+                   "--speculative-draft-model-path", hybrid[kind], "--speculative-dflash-block-size", str(BLOCK),
+                   *extra)
 
 
 def _generate(server, ids, n=MAX_TOKENS):
@@ -151,17 +152,21 @@ def test_speculative_server_matches_transformers(start, hybrid, kind):
         server.stop()
 
 
+def _check_known_acceptance(server, hybrid, one_at_a_time: bool) -> None:
+    """The oracle's tokens, in exactly the verify steps the constant draft predicts."""
+    singles = [_generate(server, ids) for ids in hybrid["prompts"]] if one_at_a_time else []
+    bodies = singles + _generate_all_at_once(server, hybrid["prompts"])
+    wants = (hybrid["oracle"] if one_at_a_time else []) + hybrid["oracle"]
+    for body, want in zip(bodies, wants):
+        assert body["output_ids"] == want[:MAX_TOKENS]
+        assert body["meta_info"]["spec_verify_ct"] == len(constant_draft_steps(want, MAX_TOKENS))
+    assert _used_tokens(server) == 0
+
+
 def test_known_acceptance_lengths_commit_the_accepted_prefix_state(start, hybrid):
     server = _spec(start, hybrid, "constant")
     try:
-        for ids, want in zip(hybrid["prompts"], hybrid["oracle"]):
-            body = _generate(server, ids)
-            assert body["output_ids"] == want[:MAX_TOKENS], ids
-            assert body["meta_info"]["spec_verify_ct"] == len(constant_draft_steps(want, MAX_TOKENS)), ids
-        for body, want in zip(_generate_all_at_once(server, hybrid["prompts"]), hybrid["oracle"]):
-            assert body["output_ids"] == want[:MAX_TOKENS]
-            assert body["meta_info"]["spec_verify_ct"] == len(constant_draft_steps(want, MAX_TOKENS))
-        assert _used_tokens(server) == 0
+        _check_known_acceptance(server, hybrid, one_at_a_time=True)
     finally:
         server.stop()
 
@@ -169,13 +174,8 @@ def test_known_acceptance_lengths_commit_the_accepted_prefix_state(start, hybrid
 def test_tensor_parallel_hybrid_target_commits_the_accepted_prefix_state(start, hybrid):
     """`--tp-size 2`: the gated delta-net heads, the conv channels and their per-position
     verify buffers split over two ranks, each rank committing its shard of the state."""
-    server = _server(start, hybrid, "tp2-constant", "--tp-size", "2", "--speculative-algorithm", "DFLASH",
-                     "--speculative-draft-model-path", hybrid["constant"], "--speculative-dflash-block-size",
-                     str(BLOCK))
+    server = _spec(start, hybrid, "constant", "--tp-size", "2")
     try:
-        for body, want in zip(_generate_all_at_once(server, hybrid["prompts"]), hybrid["oracle"]):
-            assert body["output_ids"] == want[:MAX_TOKENS]
-            assert body["meta_info"]["spec_verify_ct"] == len(constant_draft_steps(want, MAX_TOKENS))
-        assert _used_tokens(server) == 0
+        _check_known_acceptance(server, hybrid, one_at_a_time=False)
     finally:
         server.stop()
