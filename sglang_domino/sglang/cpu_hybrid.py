@@ -9,7 +9,8 @@ import Triton, so they are not touched in the processes that never run a model (
 server, the detokenizer).
 
   * `RMSNorm.forward` of `kernels/ops/attention/fla/layernorm_gated.py` (`:515`, the
-    Qwen3.5 GDN output norm): Triton unless Intel AMX; `cpu_qwen3_5.rms_norm_gated_forward`.
+    Qwen3.5 GDN output norm) and `FusedRMSNormGated.forward` (`fused_norm_gate.py:435`,
+    Qwen3-Next's): Triton unless Intel AMX; the PyTorch forwards of `cpu_qwen3_5_ops`.
   * `scatter_mamba_states_after_mtp_verify` (`kernels/ops/mamba/mamba_state_scatter_triton.py:781`,
     bound by name in `srt/layers/attention/hybrid_linear_attn_backend.py:15`): the commit
     of the accepted position's states after a DFLASH verify; its parts raise for CPU
@@ -23,6 +24,7 @@ import sys
 
 RUNTIME_TARGET = "sglang.srt.distributed.bootstrap.init_parallel_runtime"
 RMS_NORM_GATED = "sglang.kernels.ops.attention.fla.layernorm_gated.RMSNorm.forward"
+FUSED_RMS_NORM_GATED = "sglang.kernels.ops.attention.fla.fused_norm_gate.FusedRMSNormGated.forward"
 SCATTER = "sglang.kernels.ops.mamba.mamba_state_scatter_triton.scatter_mamba_states_after_mtp_verify"
 
 
@@ -37,10 +39,11 @@ def standin_serving() -> bool:
 
 
 def replacements():
-    from . import cpu_gdn_ops, cpu_qwen3_5
+    from . import cpu_gdn_ops, cpu_qwen3_5_ops
 
     return [
-        (RMS_NORM_GATED, cpu_qwen3_5.rms_norm_gated_forward, "REPLACE"),
+        (RMS_NORM_GATED, cpu_qwen3_5_ops.rms_norm_gated_forward, "REPLACE"),
+        (FUSED_RMS_NORM_GATED, cpu_qwen3_5_ops.fused_rms_norm_gated_forward, "REPLACE"),
         (SCATTER, cpu_gdn_ops.scatter_mamba_states_after_mtp_verify, "REPLACE"),
     ]
 

@@ -17,7 +17,7 @@ Implemented (call sites in the 0.5.23 wheel):
 
 Hybrid (gated delta-net) targets: `sgl_kernel.mamba` (`causal_conv1d_fn_cpu`,
 `causal_conv1d_update_cpu`, `chunk_gated_delta_rule_cpu`) and the `torch.ops.sgl_kernel`
-GDN and Qwen3.5 ops, from `cpu_gdn_ops` and `cpu_qwen3_5`.
+GDN and Qwen3.5 ops, from `cpu_gdn_ops` and `cpu_qwen3_5_ops`.
 
 Every other attribute resolves to a stub that raises `NotImplementedError` naming the
 op when *called* (SGLang imports many ops by name at module load, so the names must
@@ -137,13 +137,13 @@ def register_torch_ops() -> None:
     global _torch_ops
     if _torch_ops is not None or hasattr(torch.ops.sgl_kernel, "murmur_hash32_cpu"):
         return
-    from . import cpu_gdn_ops, cpu_qwen3_5
+    from . import cpu_gdn_ops, cpu_qwen3_5_ops
 
     lib = torch.library.Library("sgl_kernel", "FRAGMENT")
     lib.define("murmur_hash32_cpu(Tensor seed, Tensor positions, Tensor col_indices) -> Tensor")
     lib.impl("murmur_hash32_cpu", murmur_hash32_cpu, "CPU")
     cpu_gdn_ops.register(lib)
-    cpu_qwen3_5.register(lib)
+    cpu_qwen3_5_ops.register(lib)
     _torch_ops = lib
 
 

@@ -459,6 +459,7 @@ HYBRID_UPSTREAM = f"""
     import sglang.srt.distributed.bootstrap as bootstrap
     import sglang.srt.arg_groups.mamba_hook as mamba_hook
     from sglang.kernels.ops.attention.fla.layernorm_gated import RMSNorm
+    from sglang.kernels.ops.attention.fla.fused_norm_gate import FusedRMSNormGated
     from sglang.kernels.ops.attention.fla.layernorm_gated import rms_norm_ref
     from types import SimpleNamespace
     import torch
@@ -476,6 +477,9 @@ HYBRID_UPSTREAM = f"""
     with torch.no_grad():
         norm.weight.uniform_(0.5, 1.5)
         ref = rms_norm_ref(x, norm.weight, None, z=z, eps=1e-6, group_size=4, norm_before_gate=True)
+        fused = FusedRMSNormGated(8, eps=1e-6, activation="silu")
+        fused.weight.uniform_(0.5, 1.5)
+        fused_ref = rms_norm_ref(x, fused.weight, None, z=z, eps=1e-6, norm_before_gate=True)
     result = dict(
         # the stand-ins are what 0.5.23 bound by name on CPU
         conv=gdn.causal_conv1d_fn is cpu_gdn_ops.causal_conv1d_fn_cpu
@@ -487,6 +491,7 @@ HYBRID_UPSTREAM = f"""
         installed=installed,
         scatter=pool[0].tolist() == [buf[0, 1, 2].tolist(), [0.0, 0.0], buf[0, 0, 1].tolist()],
         norm=bool(torch.allclose(norm(x, z), ref, atol=1e-6)),
+        fused_norm=bool(torch.allclose(fused(x.clone(), z), fused_ref, atol=1e-6)),
         runtime="init_parallel_runtime" in dir(bootstrap),
         extra_buffer_gate=hasattr(mamba_hook, "_platform_supports_mamba_cache_extra_buffer"),
     )
@@ -499,5 +504,5 @@ def test_upstream_hybrid_symbols_the_cpu_path_depends_on(sglang_tmp):
     assert r["conv"] and r["chunk"] and r["verify_kwargs"]
     assert r["scatter_params"] == ["mamba_caches", "state_indices_tensor", "last_correct_step_indices",
                                    "mamba_track_indices", "mamba_steps_to_track", "src_indices_raw"]
-    assert r["installed"] and r["scatter"] and r["norm"]
+    assert r["installed"] and r["scatter"] and r["norm"] and r["fused_norm"]
     assert r["runtime"] and r["extra_buffer_gate"]
