@@ -45,11 +45,12 @@ def _activate(x: torch.Tensor, activation) -> torch.Tensor:
     raise ValueError(f"causal conv stand-in: activation {activation!r}, expected None, 'silu' or 'swish'")
 
 
-def _conv_step(window: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], activation):
-    """window [dim, K] (oldest first) -> [dim]."""
-    out = (window.float() * weight.float()).sum(-1)
+def _conv(windows: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], activation):
+    """windows [dim, ..., K] (oldest input first), weight [dim, K] -> [dim, ...], float32."""
+    lead = (weight.shape[0],) + (1,) * (windows.dim() - 2)
+    out = (windows.float() * weight.float().reshape(*lead, -1)).sum(-1)
     if bias is not None:
-        out = out + bias.float()
+        out = out + bias.float().reshape(lead)
     return _activate(out, activation)
 
 
@@ -84,11 +85,7 @@ def causal_conv1d_fn_cpu(x: torch.Tensor, weight: torch.Tensor, bias: Optional[t
         else:
             history = x.new_zeros(dim, width - 1)
         seq = torch.cat([history, x[:, start:end]], dim=1)                    # [dim, K-1+n]
-        windows = seq.unfold(1, width, 1)                                     # [dim, n, K]
-        o = (windows.float() * w.float()[:, None, :]).sum(-1)
-        if bias is not None:
-            o = o + bias.float()[:, None]
-        out[:, start:end] = _activate(o, activation).to(x.dtype)
+        out[:, start:end] = _conv(seq.unfold(1, width, 1), w, bias, activation).to(x.dtype)  # [dim, n, K] windows
         if conv_states is not None and slot is not None:
             conv_states[slot] = seq[:, seq.shape[1] - (width - 1):].to(conv_states.dtype)
     return out
@@ -119,7 +116,6 @@ def causal_conv1d_update_cpu(x: torch.Tensor, conv_state: torch.Tensor, weight: 
     squeeze = x.dim() == 2
     xs = x.unsqueeze(-1) if squeeze else x
     w = _weight_2d(weight)
-    width = w.shape[1]
     out = torch.empty_like(xs)
     for b in range(xs.shape[0]):
         slot = b if conv_state_indices is None else int(conv_state_indices[b])
@@ -130,13 +126,12 @@ def causal_conv1d_update_cpu(x: torch.Tensor, conv_state: torch.Tensor, weight: 
         row = int(intermediate_state_indices[b]) if verify else None
         for t in range(xs.shape[2]):
             window = torch.cat([state, xs[b, :, t:t + 1]], dim=1)           # [dim, K]
-            out[b, :, t] = _conv_step(window, w, bias, activation).to(xs.dtype)
+            out[b, :, t] = _conv(window, w, bias, activation).to(xs.dtype)
             state = window[:, 1:]
             if verify:
                 intermediate_conv_window[row, t] = state.to(intermediate_conv_window.dtype)
         if not verify:
             conv_state[slot] = state.to(conv_state.dtype)
-    del width
     return out.squeeze(-1) if squeeze else out
 
 
