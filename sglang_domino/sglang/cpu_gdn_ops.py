@@ -188,6 +188,40 @@ def _segments(cu_seqlens: Optional[torch.Tensor], total: int):
     return list(zip(bounds[:-1], bounds[1:]))
 
 
+def _rule_over_sequences(q, k, v, g, beta, pool: Optional[torch.Tensor], slots: Optional[torch.Tensor],
+                         cu_seqlens, l2norm: bool, scale: Optional[float], write_back: bool = True,
+                         buffer: Optional[torch.Tensor] = None, rows: Optional[torch.Tensor] = None,
+                         max_steps: Optional[int] = None) -> torch.Tensor:
+    """The delta rule over each sequence of `cu_seqlens` in q, k [1, T, HK, K], v [1, T, HV, V],
+    g, beta [T, HV] float32, from `pool[slots[i]]` (zeros without a pool; a negative slot is a
+    padded row, left at zero output). `write_back`: the final state goes back to the pool;
+    `buffer`: the state after each position goes to `buffer[rows[i], t]`."""
+    if buffer is not None and rows is None:
+        raise ValueError("intermediate_states_buffer needs intermediate_state_indices")
+    hv = v.shape[2]
+    qs, ks = _prepare_qk(q[0], k[0], hv, l2norm, scale)
+    out = torch.zeros_like(v)
+    for i, (start, end) in enumerate(_segments(cu_seqlens, q.shape[1])):
+        slot = i if slots is None else int(slots[i])
+        if slot < 0:
+            continue
+        if pool is not None:
+            state = pool[slot].float().clone()
+        else:
+            state = v.new_zeros(hv, v.shape[3], q.shape[3], dtype=torch.float32)
+        steps: Optional[list] = [] if buffer is not None else None
+        out[0, start:end] = _delta_rule(state, qs[start:end], ks[start:end], v[0, start:end], g[start:end],
+                                        beta[start:end], steps).to(out.dtype)
+        if buffer is not None:
+            limit = buffer.shape[1] if max_steps is None else min(max_steps, buffer.shape[1])
+            if len(steps) > limit:
+                raise ValueError(f"target verify of {len(steps)} positions, but the state buffer holds {limit}")
+            buffer[int(rows[i]), :len(steps)] = torch.stack(steps).to(buffer.dtype)
+        if write_back and pool is not None:
+            pool[slot] = state.to(pool.dtype)
+    return out
+
+
 def chunk_gated_delta_rule_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                                beta: torch.Tensor, scale: Optional[float] = None,
                                initial_state: Optional[torch.Tensor] = None, output_final_state: bool = False,
@@ -200,20 +234,8 @@ def chunk_gated_delta_rule_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     caller keeps the pool and 0.5.23's CPU kernel returns no per-chunk states either."""
     if head_first:
         raise NotImplementedError("chunk_gated_delta_rule_cpu: head_first=True")
-    hv = v.shape[2]
-    qs, ks = _prepare_qk(q[0], k[0], hv, use_qk_l2norm_in_kernel, scale)
-    out = torch.empty_like(v)
-    for i, (start, end) in enumerate(_segments(cu_seqlens, q.shape[1])):
-        slot = i if initial_state_indices is None else int(initial_state_indices[i])
-        if initial_state is not None and slot >= 0:
-            state = initial_state[slot].float().clone()
-        else:
-            state = v.new_zeros(hv, v.shape[3], q.shape[3], dtype=torch.float32)
-        o = _delta_rule(state, qs[start:end], ks[start:end], v[0, start:end], g[0, start:end].float(),
-                        beta[0, start:end].float())
-        out[0, start:end] = o.to(out.dtype)
-        if initial_state is not None and slot >= 0:
-            initial_state[slot] = state.to(initial_state.dtype)
+    out = _rule_over_sequences(q, k, v, g[0].float(), beta[0].float(), initial_state, initial_state_indices,
+                               cu_seqlens, use_qk_l2norm_in_kernel, scale)
     return out, None, None
 
 
@@ -235,30 +257,12 @@ def fused_sigmoid_gating_delta_rule_update_cpu(
         raise NotImplementedError("fused_sigmoid_gating_delta_rule_update_cpu: is_kda=True (KDA) on CPU")
     if retrieve_parent_token is not None:
         raise NotImplementedError("fused_sigmoid_gating_delta_rule_update_cpu: tree verify (retrieve_parent_token)")
-    snapshot = intermediate_states_buffer is not None
-    if snapshot and intermediate_state_indices is None:
-        raise ValueError("intermediate_states_buffer needs intermediate_state_indices")
     hv = v.shape[2]
     g, beta = gdn_gates(A_log, a.reshape(-1, hv), b.reshape(-1, hv), dt_bias, softplus_beta, softplus_threshold)
-    qs, ks = _prepare_qk(q[0], k[0], hv, use_qk_l2norm_in_kernel, scale)
-    out = torch.zeros_like(v)
-    for i, (start, end) in enumerate(_segments(cu_seqlens, q.shape[1])):
-        slot = int(initial_state_indices[i])
-        if slot < 0:
-            continue  # a padded row
-        state = initial_state_source[slot].float().clone()
-        steps: Optional[list] = [] if snapshot else None
-        o = _delta_rule(state, qs[start:end], ks[start:end], v[0, start:end], g[start:end], beta[start:end], steps)
-        out[0, start:end] = o.to(out.dtype)
-        if snapshot:
-            row = int(intermediate_state_indices[i])
-            limit = intermediate_states_buffer.shape[1] if cache_steps is None else min(cache_steps, intermediate_states_buffer.shape[1])
-            if len(steps) > limit:
-                raise ValueError(f"target verify of {len(steps)} positions, but the state buffer holds {limit}")
-            intermediate_states_buffer[row, :len(steps)] = torch.stack(steps).to(intermediate_states_buffer.dtype)
-        if not disable_state_update:
-            initial_state_source[slot] = state.to(initial_state_source.dtype)
-    return out
+    return _rule_over_sequences(q, k, v, g, beta, initial_state_source, initial_state_indices, cu_seqlens,
+                                use_qk_l2norm_in_kernel, scale, write_back=not disable_state_update,
+                                buffer=intermediate_states_buffer, rows=intermediate_state_indices,
+                                max_steps=cache_steps)
 
 
 def _scatter_steps(dst: torch.Tensor, src: torch.Tensor, dst_indices: torch.Tensor, steps: torch.Tensor,

@@ -199,10 +199,10 @@ def build_constant_dflash(path: str, target, token: int, block_size: int, seed: 
                 param.zero_()
         h = target.get_input_embeddings().weight[TINY_MASK_ID].float()
         h = h * torch.rsqrt(h.pow(2).mean() + draft.config.rms_norm_eps) * draft.norm.weight.float()
-        logits = target.lm_head.weight.float() @ h
-        if int(logits.argmax()) != token:
+        if int((target.lm_head.weight.float() @ h).argmax()) != token:  # the head's rows are +w and -w
             draft.norm.weight.neg_()
-        logits = target.lm_head.weight.float() @ (-h if int(logits.argmax()) != token else h)
+            h = -h
+        logits = target.lm_head.weight.float() @ h
     assert int(logits.argmax()) == token, logits[list(LIVE_TOKENS)]
     draft.save_pretrained(path)
     return draft
