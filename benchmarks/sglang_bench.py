@@ -33,7 +33,7 @@ from typing import Optional, Union
 import requests
 from pydantic import Field
 
-from sglang_domino.launch import free_port, server
+from sglang_domino.launch import free_port, start
 
 from .hf_bench import method_name
 from .machine import machine
@@ -188,7 +188,8 @@ def main() -> int:
             cmd = cfg.launch_command(port, draft, tuple(extra))
             print(f"[{method}] {shlex.join(cmd)}", flush=True)
             log = f"server-{method}.log" if cfg.rounds == 1 else f"server-{method}-round{round_}.log"
-            with server(cmd, port, cfg.server_timeout, os.path.join(cfg.out_dir, log)) as url:
+            with start(cmd, port, os.path.join(cfg.out_dir, log), cfg.server_timeout) as running:
+                url = running.url
                 warm = next(iter(texts.values()))[: max(cfg.concurrencies)]
                 with ThreadPoolExecutor(max_workers=len(warm)) as pool:
                     list(pool.map(lambda t: generate(url, t, cfg.model_copy(update={"max_new_tokens": 16})), warm))

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import requests
 
-from sglang_domino.launch import free_port, server
+from sglang_domino.launch import free_port, start
 
 from .testbed.load import committed
 from .testbed.prompts import heldout_prompts
@@ -82,7 +82,8 @@ def main(argv=None) -> int:
         for method, draft in (("plain", None), ("domino", "domino"), ("dflash", "dflash")):
             port = free_port()
             log = str(args.out / f"server-{dtype}-{method}.log")
-            with server(command(bed, dtype, draft, port), port, 600, log, env=dict(os.environ)) as url:
+            with start(command(bed, dtype, draft, port), port, log, 600, env=dict(os.environ)) as running:
+                url = running.url
                 run(url, prompts[:8], 16, 8)  # warm-up
                 for conc in CONCURRENCIES:
                     outputs[f"{method} c{conc}"] = run(url, prompts, args.tokens, conc)

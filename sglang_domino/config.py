@@ -44,6 +44,20 @@ def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> lis
     return [int(round(1 + i * span / (num_draft_layers - 1))) for i in range(num_draft_layers)]
 
 
+def predicting_slots(block_size: int, shift_label: bool, n: Optional[int] = None) -> slice:
+    """The draft-block slots whose hidden states predict the n proposals after slot 0's
+    given token (by default all a block can predict). With shifted labels (Domino
+    `shift_label`) slot k predicts the token after it, so slots 0..n-1; otherwise slot k
+    predicts its own token, so slots 1..n."""
+    first = 0 if shift_label else 1
+    most = block_size - first
+    n = most if n is None else n
+    if not 0 <= n <= most:
+        raise ValueError(f"n: got {n}, expected 0..{most} proposals "
+                         f"(block_size={block_size}, shift_label={shift_label})")
+    return slice(first, first + n)
+
+
 class DFlashSection(BaseModel):
     """`config.json["dflash_config"]` (values may also sit at the top level)."""
 
@@ -256,9 +270,9 @@ class DraftConfig(BaseModel):
 
     @property
     def num_predictions(self) -> int:
-        """Draft tokens one backbone pass can predict: slot k -> token k+1 when the labels are
-        shifted (Domino `shift_label`), else slots 1..B-1 predict themselves."""
-        return self.block_size if self.shift_label else self.block_size - 1
+        """Draft tokens one backbone pass can predict (`predicting_slots`)."""
+        slots = predicting_slots(self.block_size, self.shift_label)
+        return slots.stop - slots.start
 
     # -- construction -----------------------------------------------------------------
     @classmethod
@@ -283,8 +297,13 @@ class DraftConfig(BaseModel):
         return self.model_dump(mode="json", exclude_none=True)
 
     # -- checks against the target ----------------------------------------------------
-    def check_target(self, target_config: Any) -> None:
-        """Raise if this draft cannot run against `target_config` (a Transformers config)."""
+    def check_target(self, target_config: Any, target_vocab_size: Optional[int] = None,
+                     mask_token_id: Optional[int] = None) -> None:
+        """Raise if this draft cannot run against `target_config` (a Transformers config).
+
+        The mask id (`mask_token_id` when given, else the config's) must lie inside the
+        target vocabulary: `target_vocab_size` rows when given (the embedding actually served),
+        else the target config's `vocab_size`."""
         problems = []
         text = getattr(target_config, "get_text_config", lambda: target_config)()
         t_hidden = getattr(text, "hidden_size", None)
@@ -305,11 +324,11 @@ class DraftConfig(BaseModel):
                     f"dflash_config.target_layer_ids: got {self.target_layer_ids}, expected ids below the "
                     f"target's num_hidden_layers {t_layers}"
                 )
-        mask = self.mask_token_id
-        if mask is not None and t_vocab is not None and mask >= t_vocab:
-            problems.append(
-                f"dflash_config.mask_token_id: got {mask}, expected an id inside the target vocabulary [0, {t_vocab - 1}]"
-            )
+        mask, field = ((mask_token_id, "mask_token_id") if mask_token_id is not None
+                       else (self.mask_token_id, "dflash_config.mask_token_id"))
+        vocab = target_vocab_size if target_vocab_size is not None else t_vocab
+        if mask is not None and vocab is not None and not 0 <= mask < vocab:
+            problems.append(f"{field}: got {mask}, expected an id inside the target vocabulary [0, {vocab - 1}]")
         if problems:
             raise DraftConfigError("; ".join(problems))
 

@@ -1,12 +1,13 @@
 """Demo: `sglang serve` with a Domino draft on the CPU, through the OpenAI-compatible API,
 and its speed against the same server without speculation.
 
-    python -m sglang_domino.demo [--target DIR --draft DIR [--dflash DIR]] [--port 30000]
-                                 [--prompts 8] [--tokens 128] [--transformers]
+    python -m sglang_domino.demo (--testbed DIR | --target DIR --draft DIR [--dflash DIR])
+                                 [--port 30000] [--prompts 8] [--tokens 128] [--transformers]
 
-Without paths it serves the CPU test bed committed in the repository
-(benchmarks/testbed/checkpoints). Servers are started one after the other on 127.0.0.1,
-each stopped by its PID when its part is done (also on Ctrl-C):
+`--testbed DIR` serves a CPU test bed (`./scripts/demo.sh` passes the one committed in the
+repository, benchmarks/testbed/checkpoints): its target/, domino/ and dflash/, measured on
+its held-out requests. Servers are started one after the other on 127.0.0.1, each stopped
+by its PID when its part is done (also on Ctrl-C), their logs in a temporary directory:
   1. Domino: a completion and a streamed chat completion through the `openai` client, then
      the measured prompts;
   2. the same server without speculation, on the same prompts;
@@ -19,14 +20,16 @@ Transformers backend (`spec_generate`) on the same weights instead.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import signal
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 
-from .launch import HOST, port_is_free, server
+from .launch import HOST, port_is_free, sglang_command, start
 
 # float32: the committed test bed is stored in bf16, and `--dtype auto` would serve it in
 # bf16, whose rounding can differ between a verify pass and a one-token decode; float32
@@ -53,14 +56,22 @@ class Run:
         return self.tokens / self.verify_steps if self.verify_steps else 0.0
 
 
-def _testbed() -> tuple[str, str, str, list[dict]]:
-    try:
-        from benchmarks.testbed.load import committed
-        from benchmarks.testbed.prompts import heldout_rows
-    except ImportError:  # installed without the repository's benchmarks/
-        raise SystemExit("no test bed here (benchmarks/ is not importable): pass --target DIR --draft DIR") from None
-    bed = committed()
-    return str(bed / "target"), str(bed / "domino"), str(bed / "dflash"), heldout_rows(bed)
+TESTBED_PARTS = ("target", "domino", "dflash")
+TESTBED_FILES = ("manifest.json", "heldout_prompts.jsonl")
+
+
+def read_testbed(path: str) -> tuple[str, str, str, list[dict]]:
+    """A test bed directory: its target, Domino and DFlash paths and its held-out request
+    rows (`heldout_prompts.jsonl`, one JSON object with a "prompt" a line)."""
+    missing = [p for p in TESTBED_PARTS if not os.path.exists(os.path.join(path, p, "config.json"))]
+    missing += [f for f in TESTBED_FILES if not os.path.exists(os.path.join(path, f))]
+    if missing:
+        raise SystemExit(f"{path} is not a complete test bed (missing {', '.join(missing)}); the repository "
+                         "commits one in benchmarks/testbed/checkpoints")
+    with open(os.path.join(path, "heldout_prompts.jsonl"), encoding="utf-8") as fh:
+        rows = [json.loads(line) for line in fh if line.strip()]
+    target, domino, dflash = (os.path.join(path, p) for p in TESTBED_PARTS)
+    return target, domino, dflash, rows
 
 
 # Without a cap SGLang gives the KV pool all free memory: on CPU that is ~15 GB of float32
@@ -70,12 +81,11 @@ KV_TOKENS = 16384
 
 def serve_command(target: str, draft: str | None, port: int) -> list[str]:
     """The model cards' command, plus `--device cpu` (and the dtype, a KV pool size, host and port)."""
-    cmd = [os.path.join(os.path.dirname(sys.executable), "sglang"), "serve", "--model-path", target]
+    args = ["--model-path", target]
     if draft:
-        cmd += ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", draft,
-                "--speculative-dflash-block-size", "16"]
-    return cmd + ["--device", "cpu", "--dtype", DTYPE, "--max-total-tokens", str(KV_TOKENS),
-                  "--host", HOST, "--port", str(port)]
+        args += ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", draft,
+                 "--speculative-dflash-block-size", "16"]
+    return sglang_command(args + ["--device", "cpu", "--dtype", DTYPE, "--max-total-tokens", str(KV_TOKENS)], port)
 
 
 def _progress(name: str):
@@ -142,16 +152,18 @@ def run_sglang(args, target: str, drafts: dict[str, str], requests_: list[str]) 
     tokenizer = AutoTokenizer.from_pretrained(target)
     prompts = [tokenizer.apply_chat_template([{"role": "user", "content": r}], tokenize=False,
                                              add_generation_prompt=True) for r in requests_]
-    os.makedirs(args.log_dir, exist_ok=True)
+    log_dir = args.log_dir or tempfile.mkdtemp(prefix="sglang-domino-demo-")
+    os.makedirs(log_dir, exist_ok=True)
     order = [("Domino", drafts["Domino"]), ("no speculation", None)] + \
         [(n, d) for n, d in drafts.items() if n != "Domino"]
     runs: dict[str, Run] = {}
     for name, draft in order:
         cmd = serve_command(target, draft, args.port)
-        log = os.path.join(args.log_dir, f"server-{name.replace(' ', '-').lower()}.log")
+        log = os.path.join(log_dir, f"server-{name.replace(' ', '-').lower()}.log")
         print(f"\n[demo] {name}: {shlex.join(cmd)}\n[demo] log: {log}")
         t0 = time.time()
-        with server(cmd, args.port, STARTUP_TIMEOUT, log, on_wait=_progress(name)) as url:
+        with start(cmd, args.port, log, STARTUP_TIMEOUT, on_wait=_progress(name)) as running:
+            url = running.url
             print(f"\r[demo] the {name} server is healthy after {time.time() - t0:.0f} s" + " " * 10)
             if name == "Domino":
                 show_api(url, prompts[0], requests_[1 % len(requests_)], args.tokens)
@@ -208,6 +220,7 @@ def _interrupt(signum, frame):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--testbed", help="test bed directory (target/, domino/, dflash/, heldout_prompts.jsonl)")
     parser.add_argument("--target", help="target model directory (with tokenizer)")
     parser.add_argument("--draft", help="Domino draft checkpoint directory")
     parser.add_argument("--dflash", help="DFlash draft checkpoint directory (optional)")
@@ -215,19 +228,21 @@ def main(argv=None) -> int:
     parser.add_argument("--prompts", type=int, default=8, help="held-out requests to measure (test bed)")
     parser.add_argument("--tokens", type=int, default=128, help="max new tokens per request")
     parser.add_argument("--port", type=int, default=30000, help="port on 127.0.0.1 for the servers")
-    parser.add_argument("--log-dir", default=os.path.join("results", "tmp", "demo"), help="server logs")
+    parser.add_argument("--log-dir", help="server logs (default: a new temporary directory)")
     parser.add_argument("--transformers", action="store_true", help="run the Transformers backend instead")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (--transformers)")
     args = parser.parse_args(argv)
     if bool(args.target) != bool(args.draft):
         parser.error("--target and --draft go together")
+    if bool(args.target) == bool(args.testbed):
+        parser.error("pass either --testbed DIR or --target DIR --draft DIR")
     if args.target:
         target, domino, dflash = args.target, args.draft, args.dflash
         requests_ = args.request or ["Write a Python function that returns the sum of the even numbers in a list."]
     else:
-        target, domino, dflash, rows = _testbed()
+        target, domino, dflash, rows = read_testbed(args.testbed)
         requests_ = args.request or [r["prompt"] for r in rows[:args.prompts]]
-        print(f"[demo] the CPU test bed: {os.path.dirname(target)}")
+        print(f"[demo] the CPU test bed: {args.testbed}")
     drafts = {"Domino": domino, **({"DFlash": dflash} if dflash else {})}
     if args.transformers:
         run_transformers(args, target, drafts, requests_)

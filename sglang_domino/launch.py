@@ -1,22 +1,30 @@
-"""Starting and stopping an SGLang server process (the benchmarks and the demo).
+"""Starting and stopping an SGLang server process (the demo, the benchmarks and the tests).
 
-Stdlib and `requests` only: importing this imports nothing from SGLang. The server runs
-in a process group of its own, on loopback, and is stopped by its own PID (the group's
-leader): SIGTERM, then SIGKILL after a grace period, so no scheduler or detokenizer
-process it spawned is left behind.
+Stdlib only: importing this imports nothing from SGLang. The server runs in a process
+group of its own, on loopback, and is stopped by its own PID (the group's leader):
+SIGTERM, then SIGKILL to the whole group after a grace period, so no scheduler or
+detokenizer process it spawned is left behind.
+
+    with start(cmd, port, log_path, timeout=300) as server:   # healthy, or RuntimeError
+        status, body = server.post("/generate", {...})
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
-from contextlib import contextmanager
-from typing import Iterator, Optional
+import urllib.error
+import urllib.request
+from typing import Callable, Optional
 
 HOST = "127.0.0.1"
+# Requests to the server never go through a proxy, whatever the environment says.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def free_port() -> int:
@@ -39,50 +47,149 @@ def tail(path: str, lines: int = 15) -> str:
         return "".join(fh.readlines()[-lines:])
 
 
-@contextmanager
-def server(cmd: list[str], port: int, timeout: float, log_path: str, env: Optional[dict] = None,
-           on_wait=None) -> Iterator[str]:
-    """A server process started from `cmd` (which must listen on HOST:port); yields its URL
-    once `/health` answers 200. `on_wait(seconds)` is called about once a second while it
-    starts (a progress line). Raises RuntimeError naming the log if it exits or times out."""
-    import requests
+def sglang_command(args: list[str], port: int, module_entry: bool = False) -> list[str]:
+    """`sglang serve ARGS` (or `python -m sglang.launch_server ARGS`) on HOST:port, with
+    this interpreter's environment."""
+    if module_entry:
+        cmd = [sys.executable, "-m", "sglang.launch_server"]
+    else:
+        cmd = [os.path.join(os.path.dirname(sys.executable), "sglang"), "serve"]
+    return cmd + list(args) + ["--host", HOST, "--port", str(port)]
 
-    log = open(log_path, "w", encoding="utf-8")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
-    url = f"http://{HOST}:{port}"
-    try:
+
+class Server:
+    """A server process started from `cmd` (which must listen on HOST:port), its output
+    in `log_path`. Start it with `start()`, or construct it and call `wait_healthy()`."""
+
+    def __init__(self, cmd: list[str], port: int, log_path: str, env: Optional[dict] = None):
+        self.cmd, self.port, self.log_path = cmd, port, log_path
+        self.url = f"http://{HOST}:{port}"
+        self._log = open(log_path, "w", encoding="utf-8")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+                                     env=env)
+        # Every process seen in the server's group (the leader excluded): its ranks,
+        # scheduler and detokenizer. Updated when it becomes healthy and when it stops.
+        self.children: set[int] = set()
+        self._stopped = False
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log(self) -> str:
+        with open(self.log_path, encoding="utf-8", errors="replace") as fh:
+            return fh.read()
+
+    def group(self) -> list[int]:
+        """Live (not zombie) processes of the server's process group, from /proc."""
+        pids = []
+        for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    # `pid (comm) state ppid pgrp ...`; comm may hold spaces and parentheses
+                    state, _, pgrp = fh.read().rsplit(")", 1)[1].split()[:3]
+            except (OSError, IndexError, ValueError):
+                continue
+            if int(pgrp) == self.pid and state != "Z":
+                pids.append(int(entry))
+        return pids
+
+    def _note_children(self) -> None:
+        self.children.update(p for p in self.group() if p != self.pid)
+
+    def wait_healthy(self, timeout: float, on_wait: Optional[Callable[[float], None]] = None,
+                     tail_lines: int = 15) -> "Server":
+        """Return once `/health` answers 200; `on_wait(seconds)` is called about once a
+        second meanwhile (a progress line). Raises RuntimeError with the log's last
+        `tail_lines` lines if the server exits first or is not healthy within `timeout`.
+        The server is left running either way: `stop()` it (`start()` does)."""
         t0 = time.time()
         while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited with code {proc.returncode} before becoming healthy; "
-                                   f"see {log_path}:\n{tail(log_path)}")
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with code {self.proc.returncode} before becoming healthy; "
+                                   f"see {self.log_path}:\n{tail(self.log_path, tail_lines)}")
             try:
-                if requests.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except requests.RequestException:
+                with _OPENER.open(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        self._note_children()
+                        return self
+            except (urllib.error.URLError, OSError):
                 pass
             if time.time() - t0 > timeout:
-                raise RuntimeError(f"server at {url} did not become healthy within {timeout:.0f} s; "
-                                   f"see {log_path}:\n{tail(log_path)}")
+                raise RuntimeError(f"server at {self.url} did not become healthy within {timeout:.0f} s; "
+                                   f"see {self.log_path}:\n{tail(self.log_path, tail_lines)}")
             if on_wait:
                 on_wait(time.time() - t0)
             time.sleep(1)
-        yield url
-    finally:
-        stop(proc)
-        log.close()
 
+    def stop(self, grace: float = 60) -> None:
+        """SIGTERM to the group, SIGKILL to what is left of it after `grace` seconds.
+        Idempotent: a second call signals nothing (the group's id may be reused by then)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._note_children()
+        if self.proc.poll() is None:
+            _signal_group(self.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                pass
+        # The leader may be gone while a child it spawned still runs: the group goes too.
+        _signal_group(self.pid, signal.SIGKILL)
+        self.proc.wait()
+        deadline = time.time() + 10
+        while self.group() and time.time() < deadline:   # killed, not yet reaped by init
+            time.sleep(0.1)
+        self._log.close()
 
-def stop(proc: subprocess.Popen, grace: float = 60) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
+    def __enter__(self) -> "Server":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- HTTP ----------------------------------------------------------------------
+    def post(self, path: str, payload, timeout: float = 300):
+        """POST JSON (or raw bytes) to `path`: (status, the decoded JSON body, or its text
+        when it is not JSON). Error statuses are returned, not raised."""
+        data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+        req = urllib.request.Request(self.url + path, data=data, headers={"content-type": "application/json"})
         try:
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            pass
-    # The leader may be gone while a child it spawned still runs: the group goes too.
+            with _OPENER.open(req, timeout=timeout) as r:
+                return r.status, _decode(r.read())
+        except urllib.error.HTTPError as err:
+            return err.code, _decode(err.read())
+
+    def get(self, path: str, timeout: float = 60):
+        """GET `path`: its JSON body (HTTPError on an error status)."""
+        with _OPENER.open(self.url + path, timeout=timeout) as r:
+            return json.loads(r.read())
+
+
+def _decode(raw: bytes):
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
+        return json.loads(raw or b"null")
+    except ValueError:
+        return raw.decode(errors="replace")
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
     except ProcessLookupError:
         pass
-    proc.wait()
+
+
+def start(cmd: list[str], port: int, log_path: str, timeout: float, env: Optional[dict] = None,
+          on_wait: Optional[Callable[[float], None]] = None, tail_lines: int = 15) -> Server:
+    """A healthy Server; stopped again if it does not become healthy (or on Ctrl-C)."""
+    server = Server(cmd, port, log_path, env)
+    try:
+        return server.wait_healthy(timeout, on_wait, tail_lines)
+    except BaseException:
+        server.stop()
+        raise
+

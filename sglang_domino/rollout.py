@@ -1,4 +1,8 @@
-"""Draft proposals from the backbone's block hidden states: the one rollout.
+"""Draft proposals from the backbone's block hidden states.
+
+The Transformers backend and SGLang's sampled (q-rule) path both propose through this
+module; SGLang's greedy path runs upstream's `domino_greedy_rollout` by design (CUDA
+graphs, TP), held equal to this one by tests (`tests/sglang/test_sampled_rollout.py`).
 
 DFlash predicts every block position independently from the backbone output. Domino
 rolls out left to right: the first proposal uses the base logits only

@@ -1,4 +1,4 @@
-"""Tiny models built on the fly, for the tests and the demo (no download, no GPU)."""
+"""Tiny models built on the fly, for the tests and `benchmarks/hf_cpu.py` (no download, no GPU)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from sglang_domino.config import DraftConfig, DraftConfigError, build_target_layer_ids
+from sglang_domino.config import DraftConfig, DraftConfigError, build_target_layer_ids, predicting_slots
 
 BASE = {
     "architectures": ["DFlashDraftModel"],
@@ -111,6 +111,36 @@ def test_mask_id_outside_target_vocabulary():
 
 def test_matching_target_passes():
     DraftConfig.from_dict(make()).check_target(FakeTargetConfig())
+
+
+def test_mask_id_is_checked_against_the_served_vocabulary_and_an_override():
+    cfg = DraftConfig.from_dict(make())
+    with pytest.raises(DraftConfigError, match=r"dflash_config.mask_token_id: got 255, .*\[0, 199\]"):
+        cfg.check_target(FakeTargetConfig(), target_vocab_size=200)
+    with pytest.raises(DraftConfigError, match=r"^mask_token_id: got 300, .*\[0, 255\]"):
+        cfg.check_target(FakeTargetConfig(), mask_token_id=300)
+    cfg.check_target(FakeTargetConfig(), mask_token_id=7)
+
+
+@pytest.mark.parametrize("shift,n,first,last", [
+    (True, None, 0, 7),    # slot k predicts the token after it: every slot
+    (False, None, 1, 7),   # slot k predicts its own token: slot 0 is the given one
+    (True, 7, 0, 6),       # SGLang's rollout: block - 1 proposals either way
+    (False, 7, 1, 7),
+    (False, 3, 1, 3),
+])
+def test_predicting_slots_follow_shift_label(shift, n, first, last):
+    slots = predicting_slots(8, shift, n)
+    assert list(range(8))[slots] == list(range(first, last + 1))
+    with pytest.raises(ValueError, match="n: got 9"):
+        predicting_slots(8, shift, 9)
+
+
+def test_num_predictions_counts_the_predicting_slots():
+    for dflash, expected in [({}, 15), (DOMINO, 16), ({**DOMINO, "shift_label": False}, 15)]:
+        cfg = DraftConfig.from_dict(make(dflash))
+        slots = predicting_slots(cfg.block_size, cfg.shift_label)
+        assert cfg.num_predictions == expected == len(range(cfg.block_size)[slots])
 
 
 def test_from_pretrained_reads_config_json(tmp_path):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from types import SimpleNamespace
 from typing import Any, Optional
 
 from ..config import ARCHITECTURES, DraftConfig, DraftConfigError
@@ -53,30 +54,21 @@ def read_target_config(path: str, revision: Optional[str] = None) -> Optional[di
     return data.get("text_config") or data
 
 
-class _Cfg:
-    def __init__(self, data: dict[str, Any]):
-        self.__dict__.update(data)
-
-
 def check_draft_against_target(draft: DraftConfig, target: dict[str, Any],
                                target_vocab_size: Optional[int] = None) -> None:
     """Raise `DraftConfigError` when `draft` cannot run on `target` under SGLang 0.5.23:
-    everything `DraftConfig.check_target` checks, plus the SGLang capture rule."""
-    draft.check_target(_Cfg(target))
+    everything `DraftConfig.check_target` checks (the mask id against `target_vocab_size`,
+    the served vocabulary, when given), plus the SGLang capture rule."""
+    draft.check_target(SimpleNamespace(**target), target_vocab_size=target_vocab_size)
     layers = target.get("num_hidden_layers")
     if layers is not None and layers - 1 in draft.target_layer_ids:
         # SGLang captures a target layer's output as the input of the next layer
-        # (`srt/models/qwen3.py:793-805`, loop `:524-531`): the last layer is never
+        # (`Qwen3ForCausalLM.set_dflash_layers_to_capture`, `layers_to_capture` in the
+        # model's layer loop): the last layer is never
         # captured, which would surface as a feature-dim mismatch at the first request.
         raise DraftConfigError(
             f"dflash_config.target_layer_ids: got {draft.target_layer_ids}, expected ids below the target's "
             f"last layer {layers - 1} (SGLang cannot capture the last layer's output)"
-        )
-    vocab = target_vocab_size if target_vocab_size is not None else target.get("vocab_size")
-    mask = draft.mask_token_id
-    if mask is not None and vocab is not None and not 0 <= mask < vocab:
-        raise DraftConfigError(
-            f"dflash_config.mask_token_id: got {mask}, expected an id inside the target vocabulary [0, {vocab - 1}]"
         )
 
 

@@ -1,14 +1,15 @@
 """Labels, position-decayed weights and the DFlash / Domino losses for a batch of blocks.
 
-Slot k of the block anchored at a predicts input_ids[a + k + shift]:
+Slot k of the block anchored at a predicts input_ids[a + k + shift], from the first
+predicting slot f on (`config.predicting_slots`), so shift = 1 - f:
   DFlash, Domino shift_label=false: shift 0, slots 1..B-1 (slot 0 is the given token);
   Domino shift_label=true:          shift 1, slots 0..B-1.
-The first predicting slot f is 1 - shift, and weights decay as exp(-(k - f) / gamma), so
-the first prediction of each block (the one every step's acceptance depends on) counts
-most. Domino adds its correction at every predicting slot after f; the correction at
-slot k reads the GRU state after tokens a .. a+k+shift-1, i.e. every token before the
-one being predicted (teacher forcing: the true tokens, which the inference rollout
-reproduces exactly while its proposals are correct).
+Weights decay as exp(-(k - f) / gamma), so the first prediction of each block (the one
+every step's acceptance depends on) counts most. Domino adds its correction at every
+predicting slot after f; the correction at slot k reads the GRU state after tokens
+a .. a+k+shift-1, i.e. every token before the one being predicted (teacher forcing: the
+true tokens, which the inference rollout reproduces exactly while its proposals are
+correct).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from ..config import predicting_slots
 from .anchors import Anchors
 
 
@@ -34,8 +36,8 @@ class BlockTargets:
 
 def block_targets(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: Anchors, block_size: int,
                   shift_label: bool, gamma: Optional[float]) -> BlockTargets:
-    shift = int(shift_label)
-    first = 1 - shift
+    first = predicting_slots(block_size, shift_label).start
+    shift = 1 - first   # slot `first` predicts input_ids[a + 1]
     s = input_ids.shape[1]
     k = torch.arange(block_size, device=input_ids.device)
     t = anchors.positions[:, :, None] + k + shift                           # [b, N, B]

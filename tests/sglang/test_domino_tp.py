@@ -8,69 +8,12 @@ without importing the `sglang` package into the test process."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import threading
 
 import pytest
 import torch
-from torch import nn
 
-
-def _load_domino_utils():
-    spec = importlib.util.find_spec("sglang")
-    path = os.path.join(spec.submodule_search_locations[0], "srt", "speculative", "domino_utils.py")
-    mod_spec = importlib.util.spec_from_file_location("_sglang_domino_utils_0523", path)
-    module = importlib.util.module_from_spec(mod_spec)
-    mod_spec.loader.exec_module(module)
-    return module
-
-
-du = _load_domino_utils()
-
-
-class _Exchange:
-    def __init__(self, world: int):
-        self.world = world
-        self.barrier = threading.Barrier(world, timeout=60)
-        self.slots = [None] * world
-
-    def gather(self, rank: int, tensor: torch.Tensor) -> list[torch.Tensor]:
-        self.slots[rank] = tensor.clone()
-        self.barrier.wait()
-        parts = list(self.slots)
-        self.barrier.wait()
-        return parts
-
-
-class FakeGroup:
-    """The three collectives `domino_greedy_rollout` uses, over in-process shards."""
-
-    def __init__(self, exchange: _Exchange, rank: int):
-        self.exchange, self.rank, self.world_size = exchange, rank, exchange.world
-        self.calls = []
-
-    def all_gather_into_tensor(self, out: torch.Tensor, inp: torch.Tensor) -> None:
-        self.calls.append("all_gather")
-        out.copy_(torch.cat(self.exchange.gather(self.rank, inp), dim=0).view_as(out))
-
-    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
-        self.calls.append("all_reduce")
-        return torch.stack(self.exchange.gather(self.rank, tensor)).sum(0)
-
-
-V, H, G, E = 97, 16, 8, 6  # odd vocab: the last shard is padded
-
-
-def _modules(seed=0):
-    torch.manual_seed(seed)
-    lm_head = torch.randn(V, H, dtype=torch.float64)
-    embed = nn.Embedding(V, H).double()
-    gru = nn.GRU(H, G, bias=False, batch_first=True).double()
-    proj = nn.Sequential(nn.Linear(H + G, E, bias=False), nn.SiLU(), nn.Linear(E, V, bias=False)).double()
-    with torch.no_grad():
-        proj[2].weight.mul_(4.0)  # corrections large enough to change the chain
-    return lm_head, embed, gru, proj
+from tests.sglang.tp_fakes import H, V, Exchange, FakeGroup, du, rollout_modules
 
 
 def _rollout(z, bonus, lm_head, embed, gru, proj, pool, in_graph, **tp):
@@ -82,7 +25,7 @@ def _rollout(z, bonus, lm_head, embed, gru, proj, pool, in_graph, **tp):
 def _two_rank(z, bonus, lm_head, embed, gru, proj, pool, in_graph):
     world = 2
     padded = -(-V // world)
-    exchange = _Exchange(world)
+    exchange = Exchange(world)
     outs, groups, errors = [None] * world, [], []
 
     def run(rank):
@@ -115,7 +58,7 @@ def _two_rank(z, bonus, lm_head, embed, gru, proj, pool, in_graph):
     (24, True, "all_reduce"),      # compact block-shared candidate pool (graph path, bs > 1)
 ])
 def test_two_rank_rollout_matches_single_rank(pool, in_graph, path):
-    lm_head, embed, gru, proj = _modules()
+    lm_head, embed, gru, proj = rollout_modules()
     g = torch.Generator().manual_seed(1)
     bs, block = 3, 8
     z = torch.randn(bs, block, H, generator=g, dtype=torch.float64)
@@ -132,7 +75,7 @@ def test_two_rank_rollout_matches_single_rank(pool, in_graph, path):
 
 def test_exact_rollout_differs_from_base_argmax():
     """Guard against a vacuous comparison: the correction head changes the chain."""
-    lm_head, embed, gru, proj = _modules()
+    lm_head, embed, gru, proj = rollout_modules()
     g = torch.Generator().manual_seed(1)
     z = torch.randn(3, 8, H, generator=g, dtype=torch.float64)
     bonus = torch.randint(0, V, (3,), generator=g)

@@ -1,0 +1,25 @@
+"""CPU-only argument rules (resolution hooks), for any speculative algorithm or none."""
+
+from __future__ import annotations
+
+
+def resolve_mamba_on_cpu(server_args, previous):
+    """The Qwen3.6-27B card's `--mamba-scheduler-strategy extra_buffer` keeps state snapshots
+    for the radix cache; 0.5.23's CPU platform has none (`mamba_hook.validate_mamba_extra_buffer`
+    asserts `_platform_supports_mamba_cache_extra_buffer()`, True only for GPU/NPU/XPU platforms),
+    and its CPU prefill kernel returns no per-chunk states to snapshot. Refused here with the
+    settings that do serve on CPU; the speculative per-position state buffers DFLASH's
+    verify uses are allocated whatever the strategy (`memory_pool.MambaPool.__init__`)."""
+    from sglang.srt.arg_groups.model_override_base import resolving_view
+
+    cfg = resolving_view(server_args)
+    strategy = str(getattr(cfg, "mamba_radix_cache_strategy", "") or "")
+    if (str(cfg.device).startswith("cpu") and strategy.startswith("extra_buffer")
+            and not cfg.disable_radix_cache):
+        raise ValueError(
+            f"--mamba-scheduler-strategy {strategy} is not available with --device cpu: SGLang 0.5.23's CPU "
+            "platform cannot snapshot mamba (linear-attention) state for the radix cache. Serve with "
+            "--mamba-scheduler-strategy no_buffer --disable-overlap-schedule (prefix caching without state "
+            "snapshots), or --disable-radix-cache.")
+    return previous(server_args)
+

@@ -1,0 +1,355 @@
+"""The seam with SGLang 0.5.23: every patch the plugin makes, declared in one list.
+
+SGLang has no extension point for most of what a DFLASH plugin must change, so the plugin
+patches private symbols of the pinned release. `PATCHES` names each one: the upstream
+symbol, how it is changed (`Kind`), which processes change it and at which moment
+(`Moment`), the install unit it belongs to (`Group`), and why. `DEPENDS` names what the
+plugin reads or calls without changing it. `UPSTREAM.md` beside this file gives each row's
+file:line in the pinned wheel; `tests/sglang/test_seam.py` checks every row against the
+installed SGLang, one case per row.
+
+The kinds are installed in two ways:
+  * `install(group)` installs the group's rows of the kinds `HookRegistry` applies
+    (AROUND, AFTER, BEFORE, REPLACE), the resolution hooks, and runs its CALL rows, once
+    per process;
+  * the other kinds (a module global swapped for a scope, an instance's method or
+    attribute, per-step state, the import finder) are done by the code the row names at
+    the moment it states; they are listed here so that the whole seam reads in one place.
+
+This module is imported by the entry point in every process: it imports nothing heavy,
+and each row names its implementation as `module:attr` under `sglang_domino.sglang`,
+resolved only when installed.
+"""
+
+from __future__ import annotations
+
+import enum
+import importlib
+import pkgutil
+from dataclasses import dataclass
+
+
+class Kind(str, enum.Enum):
+    AROUND = "around"              # HookRegistry: fn(original, *args, **kwargs)
+    AFTER = "after"                # HookRegistry: fn(result, *args, **kwargs)
+    BEFORE = "before"              # HookRegistry: fn(*args, **kwargs)
+    REPLACE = "replace"            # HookRegistry: the function replaced (by-name imports too)
+    RESOLUTION = "resolution"      # register_resolution_hook(step): fn(server_args, previous)
+    CALL = "call"                  # install() calls the implementation once per process
+    SCOPED_GLOBAL = "scoped global"    # a module global swapped while one call runs
+    INSTANCE = "instance"          # a method or attribute of one upstream object
+    STEP_STATE = "step state"      # worker attributes swapped for one decode step
+    IMPORT = "import"              # the import system (sys.meta_path, environment)
+
+
+HOOK_KINDS = (Kind.AROUND, Kind.AFTER, Kind.BEFORE, Kind.REPLACE)
+INSTALLED_BY_GROUP = (*HOOK_KINDS, Kind.RESOLUTION, Kind.CALL)
+
+
+class Moment(str, enum.Enum):
+    PLATFORM_IMPORT = "first `import sglang` (platform entry point)"
+    REGISTER = "plugin entry point `register()`"
+    RESOLUTION = "argument resolution (main process)"
+    SCHEDULER_START = "scheduler start, before the model is built"
+    WORKER_INIT = "`DominoDFlashWorker.__init__`"
+    STEP = "every decode step"
+
+
+@dataclass(frozen=True)
+class Group:
+    """Rows installed together, under one condition."""
+    name: str
+    moment: Moment
+    processes: str
+    when: str
+    apply_now: bool = True  # False: `load_plugins()` applies them right after `register()`
+
+
+EVERY_PROCESS = Group("every process", Moment.REGISTER, "every SGLang process", "plugin enabled", apply_now=False)
+CPU_ENGINE = Group("cpu engine", Moment.REGISTER, "every SGLang process", "`--device cpu` (SGLANG_USE_CPU_ENGINE=1)")
+CPU_STANDIN = Group("cpu stand-in", Moment.SCHEDULER_START, "model-running processes",
+                    "the `sgl_kernel` stand-in is serving")
+CHECKPOINT_COMPAT = Group("checkpoint compat", Moment.WORKER_INIT, "schedulers", "always")
+CPU_DFLASH = Group("cpu dflash", Moment.WORKER_INIT, "schedulers", "the target runs on CPU")
+DOMINO_ROLLOUT = Group("domino rollout", Moment.WORKER_INIT, "schedulers", "a Domino draft")
+B8_RESERVATION = Group("b8 reservation", Moment.WORKER_INIT, "schedulers", "draft block wider than the verify window")
+WORKER = Group("worker", Moment.WORKER_INIT, "schedulers", "as stated per row (done by the worker)")
+STEP = Group("step", Moment.STEP, "schedulers", "as stated per row (done by the worker)")
+RESOLVE = Group("resolve", Moment.RESOLUTION, "main process", "as stated per row")
+PLATFORM = Group("platform", Moment.PLATFORM_IMPORT, "every SGLang process", "`--device cpu`")
+
+GROUPS = (EVERY_PROCESS, CPU_ENGINE, CPU_STANDIN, CHECKPOINT_COMPAT, CPU_DFLASH, DOMINO_ROLLOUT, B8_RESERVATION,
+          WORKER, STEP, RESOLVE, PLATFORM)
+
+
+@dataclass(frozen=True)
+class Patch:
+    name: str
+    target: str   # upstream symbol; `Class.attr` of an instance attribute; a resolution step's name
+    impl: str     # `module:attr` under sglang_domino.sglang
+    kind: Kind
+    group: Group
+    why: str
+    # parameters of the target the implementation passes or reads by name
+    params: tuple[str, ...] = ()
+    # INSTANCE / STEP_STATE rows: attributes the upstream class sets on its instances
+    # (checked in its source), not class attributes
+    attributes: tuple[str, ...] = ()
+
+    @property
+    def moment(self) -> Moment:
+        return self.group.moment
+
+    def implementation(self):
+        module, attr = self.impl.split(":")
+        obj = importlib.import_module(f"{__package__}.{module}")
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+        return obj
+
+
+_S = "sglang.srt"
+_W2 = f"{_S}.speculative.dflash_worker_v2"
+WIDTH_STATE = (
+    "_block_pos_offsets",
+    "_draft_block_ids_buf", "_draft_block_positions_buf", "_draft_block_tokens_buf",
+    "_draft_verify_out_cache_loc_buf", "_draft_block_end_buf", "_draft_seq_lens_cpu_buf",
+    "_accept_bonus_buffer_cap", "_accept_bonus_buffer_slot", "_accept_len_buf",
+    "_commit_lens_bufs", "_bonus_id_bufs", "_out_tokens_bufs", "_new_seq_lens_bufs",
+)
+
+PATCHES: tuple[Patch, ...] = (
+    # -- every process, from the plugin entry point ------------------------------------
+    Patch("create_worker", f"{_S}.speculative.spec_info.SpeculativeAlgorithm.create_worker",
+          "plugin:around_create_worker", Kind.AROUND, EVERY_PROCESS,
+          "DFLASH gets DominoDFlashWorker; the algorithm keeps its name, which ~30 core files key on"),
+    Patch("max_draft_tokens",
+          f"{_S}.speculative.spec_info.SpeculativeAlgorithm.resolve_max_speculative_num_draft_tokens",
+          "plugin:around_max_draft_tokens", Kind.AROUND, EVERY_PROCESS,
+          "runner buffers sized for a draft block wider than the verify window (b8)"),
+    Patch("add_cli_args", f"{_S}.server_args.ServerArgs.add_cli_args",
+          "plugin:after_add_cli_args", Kind.AFTER, EVERY_PROCESS,
+          "the model cards' --mamba-scheduler-strategy as an alias; the q rule's meaning in the help"),
+    Patch("validate_request", f"{_S}.managers.tokenizer_manager.TokenizerManager._validate_one_request",
+          "plugin:before_validate_one_request", Kind.BEFORE, EVERY_PROCESS,
+          "prompt token ids outside the vocabulary are refused instead of killing the scheduler",
+          params=("obj", "input_ids")),
+    Patch("resolve_dflash", "handle_speculative_decoding", "resolve:resolve_speculative", Kind.RESOLUTION,
+          EVERY_PROCESS, "verify width below the block, adaptive width, q rule, draft checked against the target, "
+          "DFLASH allowed on CPU"),
+    Patch("resolve_cpu", "handle_model_specific_adjustments", "cpu.resolve:resolve_mamba_on_cpu", Kind.RESOLUTION,
+          EVERY_PROCESS, "extra_buffer refused on CPU with the settings that do serve"),
+    # -- CPU engine processes, from the plugin entry point -------------------------------
+    Patch("bind_threads", f"{_S}.distributed.bootstrap._bind_threads_if_cpu",
+          "cpu.parallel:around_bind_threads", Kind.AROUND, CPU_ENGINE,
+          "--tp-size N on one NUMA node: each rank gets its share of the cores",
+          params=("device",)),
+    Patch("model_parallel_group", f"{_S}.distributed.parallel_state.init_model_parallel_group",
+          "cpu.parallel:around_init_model_parallel_group", Kind.AROUND, CPU_ENGINE,
+          "no PyNccl or custom all-reduce on CPU: gloo does every collective",
+          params=("use_pynccl", "use_custom_allreduce")),
+    Patch("scheduler_start", f"{_S}.distributed.bootstrap.init_parallel_runtime",
+          "cpu.hybrid:before_init_parallel_runtime", Kind.BEFORE, CPU_ENGINE,
+          "installs the `cpu stand-in` group in the processes that run a model"),
+    Patch("draft_backend_choice", f"{_S}.arg_groups.choices.DRAFT_ATTENTION_BACKEND_CHOICES",
+          "cpu.dflash:allow_torch_native_draft_backend", Kind.CALL, CPU_ENGINE,
+          "torch_native accepted as the draft attention backend (else flashinfer is chosen)"),
+    # -- model-running CPU processes while the sgl_kernel stand-in serves ----------------
+    Patch("rms_norm_gated", "sglang.kernels.ops.attention.fla.layernorm_gated.RMSNorm.forward",
+          "cpu.qwen3_5_ops:rms_norm_gated_forward", Kind.REPLACE, CPU_STANDIN,
+          "the Qwen3.5 gated-delta-net output norm is Triton-only without AMX"),
+    Patch("fused_rms_norm_gated", "sglang.kernels.ops.attention.fla.fused_norm_gate.FusedRMSNormGated.forward",
+          "cpu.qwen3_5_ops:fused_rms_norm_gated_forward", Kind.REPLACE, CPU_STANDIN,
+          "Qwen3-Next's gated norm, Triton-only without AMX"),
+    Patch("mamba_state_scatter",
+          "sglang.kernels.ops.mamba.mamba_state_scatter_triton.scatter_mamba_states_after_mtp_verify",
+          "cpu.gdn_ops:scatter_mamba_states_after_mtp_verify", Kind.REPLACE, CPU_STANDIN,
+          "the accepted position's recurrent state committed after a verify; upstream's raises for CPU tensors",
+          params=("mamba_caches", "state_indices_tensor", "last_correct_step_indices", "mamba_track_indices",
+                  "mamba_steps_to_track", "src_indices_raw")),
+    # -- schedulers, from DominoDFlashWorker.__init__ ------------------------------------
+    Patch("parse_draft_config", f"{_S}.speculative.dflash_utils.parse_dflash_draft_config",
+          "compat:around_parse_dflash_draft_config", Kind.AROUND, CHECKPOINT_COMPAT,
+          "legacy exports name the Domino projector `causal_v5`",
+          params=("draft_hf_config",)),
+    Patch("load_draft_weights", f"{_S}.models.dflash.DFlashDraftModel.load_weights",
+          "compat:around_load_weights", Kind.AROUND, CHECKPOINT_COMPAT,
+          "legacy `logit_head.*` keys, which upstream silently ignores",
+          params=("weights",)),
+    Patch("draft_architecture", f"{_S}.models.registry.ModelRegistry.models",
+          "compat:register_domino_architecture", Kind.CALL, CHECKPOINT_COMPAT,
+          "SpecForge exports name the architecture `DominoDraftModel`"),
+    Patch("torch_native_verify", f"{_S}.layers.attention.torch_native_backend.TorchNativeAttnBackend.forward_extend",
+          "cpu.dflash:around_torch_native_forward_extend", Kind.AROUND, CPU_DFLASH,
+          "TARGET_VERIFY batches arrive without extend lengths, which the CPU backend needs",
+          params=("q", "k", "v", "layer", "forward_batch")),
+    Patch("record_stream", "torch.Tensor.record_stream", "cpu.dflash:skip_record_stream_on_cpu", Kind.CALL,
+          CPU_DFLASH, "upstream records a stream on CPU tensors, which torch rejects"),
+    Patch("domino_device_gate", f"{_W2}.validate_domino_runtime", "cpu.dflash:domino_device_gate_lifted",
+          Kind.SCOPED_GLOBAL, WORKER,
+          "while DFlashWorkerV2.__init__ runs on CPU: Domino's CUDA and BF16 demands lifted, every other check kept"),
+    Patch("draft_qk_norm_rope", f"{_S}.models.dflash.DFlashAttention", "cpu.dflash:disable_triton_qk_norm_rope",
+          Kind.INSTANCE, WORKER, "on CPU: no Triton driver for the draft's fused qk-norm/rope",
+          attributes=("use_table_qk_norm_rope",)),
+    Patch("draft_embeds_dtype", f"{_S}.model_executor.model_runner.ModelRunner._extend_forward_kwargs",
+          "cpu.dflash:keep_input_embeds_dtype", Kind.INSTANCE, WORKER,
+          "a draft that is not bf16: upstream casts the draft block's input_embeds to bf16",
+          params=("forward_batch", "pp_proxy_tensors")),
+    Patch("domino_rollout", f"{_W2}.domino_greedy_rollout", "rollout_hook:around_domino_rollout", Kind.AROUND,
+          DOMINO_ROLLOUT, "width-1 steps propose nothing; the eager feedback embedding looked up plainly; "
+          "the q rule's sampled rollout",
+          params=("draft_hidden", "lm_head_weight", "vocab_size", "shift_label", "tp_group", "lm_head_num_org_padded",
+                  "candidate_pool_size", "bonus_tokens", "target_embedding", "prefix_gru", "embed_proj",
+                  "in_cuda_graph")),
+    Patch("b8_reservation", f"{_S}.speculative.dflash_info_v2.page_aligned_decode_alloc_lens",
+          "draft_block:around_decode_alloc_lens", Kind.AROUND, B8_RESERVATION,
+          "the decode KV reservation covers the whole draft block",
+          params=("reqs", "reserve")),
+    Patch("verify_guard", f"{_S}.managers.tp_worker.TpModelWorker.forward_batch_generation",
+          "worker:VerifyWidthGuard", Kind.INSTANCE, WORKER,
+          "the target worker of a DominoDFlashWorker: verifies narrower than the home width run eagerly; "
+          "the first verify's width logged",
+          params=("forward_batch", "is_verify")),
+    Patch("draft_block_runner", f"{_S}.model_executor.model_runner.ModelRunner.forward",
+          "draft_block:DraftBlockRunner", Kind.INSTANCE, WORKER,
+          "the draft runner of a DominoDFlashWorker runs on the draft block when it differs from the verify window",
+          params=("forward_batch",)),
+    # -- schedulers, every decode step ----------------------------------------------------
+    Patch("width_state", f"{_W2}.DFlashWorkerV2", "width_switch:WidthSwitch", Kind.STEP_STATE, STEP,
+          "--speculative-adaptive: upstream's step runs unchanged at the chosen width",
+          attributes=("block_size", "speculative_num_draft_tokens", "_draft_sampler", *WIDTH_STATE)),
+    Patch("q_rule_sampler", f"{_W2}.DFlashWorkerV2", "worker:DominoDFlashWorker._forward_with_q_rollout",
+          Kind.STEP_STATE, STEP, "the q rule: the in-graph greedy sampler unread for a step with sampled requests",
+          attributes=("_draft_sampler",)),
+    # -- main process, argument resolution -----------------------------------------------
+    Patch("cpu_dflash_platform", f"{_S}.arg_groups.speculative_hook.current_platform",
+          "cpu.dflash:dflash_allowed_on_cpu", Kind.SCOPED_GLOBAL, RESOLVE,
+          "while DFLASH's arguments are resolved for --device cpu: the device gate says yes"),
+    # -- first `import sglang` ------------------------------------------------------------
+    Patch("cpu_engine_switch", f"{_S}.utils.common.is_cpu", "cpu.platform:activate", Kind.IMPORT, PLATFORM,
+          "--device cpu switches the CPU engine on before `is_cpu()` is first read"),
+    Patch("sgl_kernel_standin", "sgl_kernel", "cpu.platform:install_sgl_kernel_finder", Kind.IMPORT, PLATFORM,
+          "the real sgl_kernel first; the pure-PyTorch stand-in when it cannot load"),
+)
+
+
+@dataclass(frozen=True)
+class Dependency:
+    """An upstream symbol the plugin relies on without changing it."""
+    target: str
+    why: str
+    params: tuple[str, ...] = ()   # parameters the plugin passes or reads by name
+    attributes: tuple[str, ...] = ()
+
+
+DEPENDS: tuple[Dependency, ...] = (
+    Dependency(f"{_S}.plugins.load_plugins", "runs `register()` in every process"),
+    Dependency(f"{_S}.plugins.hook_registry.HookRegistry.register", "installs the hook rows",
+               params=("target", "hook", "hook_type")),
+    Dependency(f"{_S}.plugins.hook_registry.HookRegistry.apply_hooks", "applies them"),
+    Dependency(f"{_S}.arg_groups.resolution_hooks.register_resolution_hook", "installs the resolution rows",
+               params=("name",)),
+    Dependency(f"{_S}.arg_groups.model_override_base.resolving_view", "resolved fields during resolution"),
+    Dependency(f"{_S}.arg_groups.overrides.declare_resolution", "the verify window and adaptive flag declared"),
+    Dependency(f"{_S}.arg_groups.choices.add_draft_attention_backend_choices", "adds torch_native"),
+    Dependency(f"{_W2}.DFlashWorkerV2", "subclassed by DominoDFlashWorker; attributes it reads",
+               attributes=("_target_worker", "model_runner", "draft_model", "draft_model_runner", "selector",
+                           "_is_domino", "_mask_token_id", "_tp_sync", "_draft_block_spec_info",
+                           "_selector_sample")),
+    Dependency(f"{_W2}.DFlashWorkerV2.__init__", "the worker's constructor",
+               params=("server_args", "gpu_id", "nccl_port", "target_worker")),
+    Dependency(f"{_W2}.DFlashWorkerV2.forward_batch_generation", "the whole step, run unchanged"),
+    Dependency(f"{_W2}.DFlashWorkerV2._accept_block", "overridden: exact sampled verify without the CUDA kernel"),
+    Dependency(f"{_W2}.DFlashWorkerV2.init_cuda_graphs", "overridden: the draft graph at the draft block"),
+    Dependency(f"{_W2}.DFlashWorkerV2._maybe_build_draft_sampler", "overridden: no in-graph sampler off the window"),
+    Dependency(f"{_W2}.DFlashWorkerV2._validate_phase1_sampling_support", "overridden: no greedy-fallback warning"),
+    Dependency(f"{_S}.speculative.base_spec_worker.BaseSpecWorker.on_verify_complete_cpu",
+               "overridden: acceptance counts on the host feed the adaptive policy",
+               params=("num_correct_drafts_per_req", "batch_size")),
+    Dependency(f"{_S}.managers.utils.GenerationBatchResult",
+               "each adaptive step returns its own width as the result's stride",
+               attributes=("speculative_num_draft_tokens",)),
+    Dependency(f"{_W2}._commit_accept", "a sampled verify's committed tokens"),
+    Dependency(f"{_W2}._is_all_greedy", "which steps take the sampled paths"),
+    Dependency(f"{_W2}.is_dflash_sampling_verify_available", "where upstream has its sampled-verify kernel"),
+    Dependency(f"{_W2}.SpecTpSyncSite", "rank 0's sampled proposals and acceptance on every TP rank",
+               attributes=("DFLASH_SELECTOR", "DFLASH_ACCEPT_SAMPLE")),
+    Dependency(f"{_S}.runtime_context._ConfigBag.override", "the draft graph captured at the draft block"),
+    Dependency(f"{_S}.mem_cache.kv_index_translator.KVIndexTranslator.plan", "the draft block's own KV plan",
+               params=("req_pool_indices", "seq_lens", "seq_lens_cpu", "write_virtual", "read_extent")),
+    Dependency(f"{_S}.mem_cache.kv_loc_plan.KVLocPlan.bind", "the plan bound to the draft batch"),
+    Dependency(f"{_S}.speculative.draft_worker_common.make_draft_block_spec_info", "the draft block's spec info",
+               params=("draft_token_num", "device")),
+    Dependency(f"{_S}.speculative.dflash_utils.build_speculative_verify_target_probs",
+               "p and q under the request's temperature, top-k and top-p",
+               params=("next_token_logits", "sampling_info", "draft_token_num", "bs")),
+    Dependency(f"{_S}.speculative.domino_utils._domino_gru_cell", "the sampled rollout's GRU step"),
+    Dependency(f"{_S}.layers.sampler.murmur_hash32", "seeded coins of the q rule"),
+    Dependency(f"{_S}.runtime_context.get_spec", "speculative settings in the scheduler"),
+    Dependency(f"{_S}.models.qwen3.Qwen3ForCausalLM.set_dflash_layers_to_capture",
+               "a target layer is captured as the next layer's input: the last one never (checked at start-up)",
+               params=("layer_ids",)),
+    Dependency(f"{_S}.runtime_context.get_parallel", "the TP group (width broadcast, core split)"),
+)
+
+
+# -- installing ---------------------------------------------------------------------------
+_installed: set[str] = set()
+
+
+def rows(group: Group) -> list[Patch]:
+    return [p for p in PATCHES if p.group is group]
+
+
+def install(group: Group) -> bool:
+    """Install `group`'s rows of the kinds installed here, once per process; returns
+    whether this call installed them."""
+    if group.name in _installed:
+        return False
+    todo = [p for p in rows(group) if p.kind in INSTALLED_BY_GROUP]
+    if not todo:
+        raise ValueError(f"group {group.name!r} has no row that install() installs")
+    hooks = [p for p in todo if p.kind in HOOK_KINDS]
+    if hooks:
+        from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+        for p in hooks:
+            HookRegistry.register(p.target, p.implementation(), HookType[p.kind.name])
+    for p in todo:
+        if p.kind is Kind.RESOLUTION:
+            from sglang.srt.arg_groups.resolution_hooks import register_resolution_hook
+
+            register_resolution_hook(p.target)(p.implementation())
+        elif p.kind is Kind.CALL:
+            p.implementation()()
+    if hooks and group.apply_now:
+        HookRegistry.apply_hooks()
+    _installed.add(group.name)
+    return True
+
+
+def installed() -> dict[str, bool]:
+    """For every row installed by `install()` that this process can check: is it live?
+    A hook row is live when its function is registered on its target and the target is
+    patched; a resolution row when its function wraps the step."""
+    from sglang.srt.arg_groups import resolution_hooks
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    out = {}
+    for p in PATCHES:
+        if p.kind in HOOK_KINDS:
+            fn = p.implementation()
+            out[p.name] = (p.target in HookRegistry._patched
+                           and any(h is fn for _, h, _ in HookRegistry._hooks.get(p.target, ())))
+        elif p.kind is Kind.RESOLUTION:
+            out[p.name] = any(f is p.implementation() for f in resolution_hooks._HOOKS.get(p.target, ()))
+    return out
+
+
+def resolve_target(target: str):
+    """The upstream object a row or dependency names (`pkgutil.resolve_name`)."""
+    return pkgutil.resolve_name(target)
+
+
+__all__ = ["DEPENDS", "GROUPS", "PATCHES", "Dependency", "Group", "Kind", "Moment", "Patch", "WIDTH_STATE",
+           "install", "installed", "rows"]

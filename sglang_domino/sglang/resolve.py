@@ -1,0 +1,151 @@
+"""Argument resolution for DFLASH (main process, before any scheduler is spawned).
+
+A resolution hook around 0.5.23's `handle_speculative_decoding` step. It gives DFLASH
+this plugin's options, refuses what cannot work with a message naming the flag, and
+publishes what the schedulers need as one `settings.SchedulerSettings`:
+  * a verify window other than the draft block (b8, the Transformers window);
+  * `--speculative-adaptive` (a verify width per decode step);
+  * `--speculative-use-rejection-sampling` (the q rule, Domino drafts only);
+  * the draft checked against the target;
+  * `--device cpu` (the CPU port lifts DFLASH's device gate for the step).
+"""
+
+from __future__ import annotations
+
+from . import HF_WINDOW_ENV, env_flag, plugin_disabled
+from . import settings as scheduler_settings
+
+SOURCE = "sglang_domino"
+
+
+def resolve_speculative(server_args, previous):
+    from sglang.srt.arg_groups.model_override_base import resolving_view
+
+    cfg = resolving_view(server_args)
+    if plugin_disabled() or str(cfg.speculative_algorithm or "").upper() != "DFLASH":
+        return previous(server_args)
+
+    hf_window = env_flag(HF_WINDOW_ENV)
+    scheduler_settings.clear()
+    adaptive = _resolve_adaptive(server_args, cfg, hf_window) if cfg.speculative_adaptive else None
+    draft_block = _resolve_verify_window(server_args, cfg, hf_window)
+    scheduler_settings.publish(scheduler_settings.SchedulerSettings(draft_block=draft_block, adaptive=adaptive))
+
+    if str(cfg.device).startswith("cpu"):
+        from .cpu.dflash import dflash_allowed_on_cpu
+
+        with dflash_allowed_on_cpu():
+            previous(server_args)
+    else:
+        previous(server_args)
+
+    cfg = resolving_view(server_args)
+    _check_rejection_sampling(cfg, _check_draft(cfg))
+
+
+resolve_speculative._sglang_domino = True
+
+
+def _resolve_verify_window(server_args, cfg, hf_window: bool):
+    """The draft block when it differs from the verify window, else None.
+
+    The scheduler accounts in verify windows (`speculative_num_draft_tokens`: the verify
+    batch, the target's CUDA-graph capture, the result stride, the accept-rate metrics),
+    so both of 0.5.23's fields are declared as the window, which is what
+    `speculative_dflash_block_size` means upstream ("verify window length"); upstream
+    itself demands the two be equal. The draft block reaches the worker through the
+    scheduler settings, and the worker runs the draft on it."""
+    from sglang.srt.arg_groups.overrides import declare_resolution
+
+    from .checks import check_verify_width
+
+    block, num_draft_tokens = cfg.speculative_dflash_block_size, cfg.speculative_num_draft_tokens
+    if hf_window:
+        # the Transformers backend's window for shift_label Domino drafts: B proposals
+        # from the B-slot draft block, B + 1 verified
+        draft_block = _hf_window_draft_block(cfg, block, num_draft_tokens)
+        window = draft_block + 1
+    elif block is not None and num_draft_tokens is not None and int(num_draft_tokens) != int(block):
+        check_verify_width(int(block), int(num_draft_tokens))
+        draft_block, window = int(block), int(num_draft_tokens)
+    else:
+        return None
+    if cfg.speculative_draft_window_size is not None:
+        raise ValueError(
+            f"--speculative-draft-window-size {cfg.speculative_draft_window_size} (compact draft cache) "
+            f"cannot be combined with a verify window of {window} tokens and a draft block of "
+            f"{draft_block}: sglang-domino supports the draft block differing from the verify window "
+            "only with the full draft cache; drop --speculative-draft-window-size")
+    declare_resolution(server_args, SOURCE, speculative_dflash_block_size=window, speculative_num_draft_tokens=window)
+    return draft_block
+
+
+def _resolve_adaptive(server_args, cfg, hf_window: bool):
+    """`--speculative-adaptive` with DFLASH: a verify width chosen per decode step
+    (`sglang_domino.verify_width`). 0.5.23 supports the flag for EAGLE only and turns it
+    off for DFLASH with a warning; here it is declared off for upstream (whose EAGLE
+    machinery would read `--speculative-adaptive-config` as EAGLE's) and the validated
+    settings go to the schedulers."""
+    from sglang.srt.arg_groups.overrides import declare_resolution
+
+    from ..verify_width import AdaptiveWidthConfig
+
+    if hf_window:
+        raise ValueError(f"--speculative-adaptive cannot be combined with {HF_WINDOW_ENV}=1 (a fixed window of "
+                         "draft block + 1); unset one of them")
+    if cfg.speculative_draft_window_size is not None:
+        raise ValueError(
+            f"--speculative-adaptive with DFLASH needs the full draft cache: drop "
+            f"--speculative-draft-window-size {cfg.speculative_draft_window_size}")
+    settings = AdaptiveWidthConfig.load(cfg.speculative_adaptive_config)
+    declare_resolution(server_args, SOURCE, speculative_adaptive=False)
+    return settings
+
+
+def _check_rejection_sampling(cfg, draft) -> None:
+    """0.5.23 reads `--speculative-use-rejection-sampling` for EAGLE only; for DFLASH this
+    plugin gives it a meaning, the q rule, and only for Domino drafts (whose rollout
+    defines q). A DFlash draft's positions are independent, and sampling them from their
+    marginals lowers acceptance, so its sampled requests keep the point-mass rule: refuse
+    the flag rather than ignore it."""
+    if not cfg.speculative_use_rejection_sampling:
+        return
+    if draft is not None and not draft.is_domino:
+        raise ValueError(
+            "--speculative-use-rejection-sampling with DFLASH needs a Domino draft "
+            "(dflash_config.projector_type = \"domino\"); this draft is a plain DFlash draft, whose "
+            "sampled requests are verified with the point-mass rule: drop the flag")
+    single, acc = cfg.speculative_accept_threshold_single, cfg.speculative_accept_threshold_acc
+    if single != 1.0 or acc != 1.0:
+        raise ValueError(
+            "--speculative-use-rejection-sampling accepts with min(1, p/q) and ignores accept thresholds: "
+            f"--speculative-accept-threshold-single must be 1.0 (got {single}) and "
+            f"--speculative-accept-threshold-acc 1.0 (got {acc})")
+
+
+def _hf_window_draft_block(cfg, block, num_draft_tokens) -> int:
+    from .checks import read_draft_config
+
+    draft = read_draft_config(cfg.speculative_draft_model_path, cfg.speculative_draft_model_revision)
+    if draft is None or not draft.is_domino or not draft.shift_label:
+        raise ValueError(
+            f"{HF_WINDOW_ENV}=1 needs a Domino draft with dflash_config.shift_label=true "
+            "(B proposals from a B-slot block, B + 1 verified)")
+    draft_block = int(block) if block is not None else int(draft.block_size)
+    if num_draft_tokens is not None and int(num_draft_tokens) not in (draft_block, draft_block + 1):
+        raise ValueError(
+            f"{HF_WINDOW_ENV}=1 verifies draft block + 1 = {draft_block + 1} tokens; "
+            f"--speculative-num-draft-tokens {num_draft_tokens} contradicts it")
+    return draft_block
+
+
+def _check_draft(cfg):
+    """Refuse a draft that cannot run on the target before any process is spawned;
+    returns its `DraftConfig` (None when it cannot be read here)."""
+    from .checks import check_draft_against_target, read_draft_config, read_target_config
+
+    draft = read_draft_config(cfg.speculative_draft_model_path, cfg.speculative_draft_model_revision)
+    target = read_target_config(cfg.model_path, getattr(cfg, "revision", None))
+    if draft is not None and target is not None:
+        check_draft_against_target(draft, target)
+    return draft

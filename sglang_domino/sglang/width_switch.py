@@ -1,0 +1,106 @@
+"""One verify width per decode step in `DominoDFlashWorker` (the mechanism; the policy is
+`sglang_domino.verify_width`).
+
+0.5.23's `DFlashWorkerV2.forward_batch_generation` reads its width from `self.block_size`
+on every use: the draft block buffers and positions, the draft hidden-state view, the
+`DFlashVerifyInput`, `DFlashWorkerV2._accept_block` and the result's stride. It sizes its
+step buffers from it once (`_ensure_draft_block_buffers`, `_ensure_accept_bonus_buffers`).
+A step at another width therefore runs upstream's body unchanged with that width-dependent
+state swapped in for the step (`WidthSwitch`). The scheduler takes each step's width from
+the result (`GenerationBatchResult.speculative_num_draft_tokens`, read by
+`batch_result_processor._get_speculative_output_stride`), as it does for EAGLE's adaptive
+steps. The draft still runs on its whole block
+(`draft_block.DraftBlockRunner`); width 1 skips it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Optional
+
+import torch
+
+from .hooks import WIDTH_STATE
+
+
+def _fresh_state(width: int, device) -> dict:
+    state = {name: None for name in WIDTH_STATE}
+    state.update(_block_pos_offsets=torch.arange(int(width), device=device, dtype=torch.int64),
+                 _accept_bonus_buffer_cap=0, _accept_bonus_buffer_slot=0, _commit_lens_bufs=[],
+                 _bonus_id_bufs=[], _out_tokens_bufs=[], _new_seq_lens_bufs=[])
+    return state
+
+
+class WidthSwitch:
+    """Upstream's width-dependent worker state, one set per width; the home width (the
+    verify window the worker was built with) is restored after every step, so prefill,
+    idle and every other path see upstream's worker as built."""
+
+    def __init__(self, worker):
+        self.worker = worker
+        self.home = int(worker.block_size)
+        self.states: dict[int, dict] = {}
+
+    @contextlib.contextmanager
+    def at(self, width: int):
+        worker, width = self.worker, int(width)
+        if width == self.home:
+            yield
+            return
+        home_state = {name: getattr(worker, name) for name in WIDTH_STATE}
+        state = self.states.get(width) or _fresh_state(width, worker.device)
+        sampler = worker._draft_sampler
+        for name, value in state.items():
+            setattr(worker, name, value)
+        worker.block_size = worker.speculative_num_draft_tokens = width
+        # the in-graph samplers' output (`_draft_sampler.out`) is read as `home` wide
+        worker._draft_sampler = None
+        try:
+            yield
+        finally:
+            self.states[width] = {name: getattr(worker, name) for name in WIDTH_STATE}
+            for name, value in home_state.items():
+                setattr(worker, name, value)
+            worker.block_size = worker.speculative_num_draft_tokens = self.home
+            worker._draft_sampler = sampler
+
+
+class StepClock:
+    """Seconds from one decode step's start to the next one's: what a step costs the
+    server (the worker's compute and the scheduler's own per-step work) on this machine.
+    A prefill or an idle gap in between breaks the chain: no sample. Under CUDA overlap
+    scheduling the interval is the steady-state step time, attributed to the step that
+    began it."""
+
+    def __init__(self):
+        self.started: Optional[float] = None
+        self.key: Optional[tuple[int, int]] = None
+
+    def lap(self) -> Optional[tuple[int, int, float]]:
+        """A decode step starts now; (bs, width, seconds) of the previous one, if chained."""
+        now = time.perf_counter()
+        previous = (*self.key, now - self.started) if self.started is not None and self.key is not None else None
+        self.started, self.key = now, None
+        return previous
+
+    def label(self, bs: int, width: int) -> None:
+        self.key = (int(bs), int(width))
+
+    def break_chain(self) -> None:
+        self.started = self.key = None
+
+
+def broadcast_width(width: int) -> int:
+    """Rank 0's choice on every TP rank (choices follow rank-local timings); gloo, host side."""
+    from sglang.srt.runtime_context import get_parallel
+
+    group = get_parallel().tp_group
+    if group is None or int(group.world_size) <= 1:
+        return int(width)
+    value = torch.tensor([int(width)], dtype=torch.int64)
+    torch.distributed.broadcast(value, src=group.ranks[0], group=group.cpu_group)
+    return int(value.item())
+
+
+__all__ = ["StepClock", "WidthSwitch", "broadcast_width"]

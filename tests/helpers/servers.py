@@ -1,0 +1,143 @@
+"""SGLang servers for the tests: their environment, their command lines and the
+speculative configurations of the end-to-end matrix (`SPEC_CONFIGS`).
+
+Every server is a real `sglang serve` / `python -m sglang.launch_server` process started
+by the library's launcher (`sglang_domino.launch`): on 127.0.0.1 with a free port and a
+small `--max-total-tokens`, in a process group of its own, stopped by its own PID
+(SIGTERM, then SIGKILL to the group). Servers get no CPU env var and no
+TRITON_INTERPRET: `--device cpu` alone must be enough.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Literal, Union
+
+from sglang_domino import launch
+
+BLOCK = 16
+STARTUP_TIMEOUT = 420
+# Lines of a failed server's log in the error (a TP rank's traceback comes before the
+# other ranks' shutdown lines).
+LOG_TAIL_LINES = 100
+SERVER_ENV_DROP = ("SGLANG_USE_CPU_ENGINE", "TRITON_INTERPRET", "SGLANG_DOMINO_DISABLE",
+                   "SGLANG_DOMINO_SCHEDULER_SETTINGS", "SGLANG_DOMINO_ADAPTIVE",
+                   "SGLANG_PLUGINS", "SGLANG_PLATFORM", "PYTHONPATH")
+
+# --sleep-on-idle: an idle scheduler otherwise busy-polls a core.
+BASE_ARGS = ["--device", "cpu", "--dtype", "float32", "--max-total-tokens", "3072", "--max-running-requests", "16",
+             "--sleep-on-idle"]
+
+
+def server_env(tmp: str, **extra: str) -> dict[str, str]:
+    """This process's environment without the variables a server must not inherit, its
+    caches under `tmp`, plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if k not in SERVER_ENV_DROP}
+    env.update(SGLANG_CACHE_DIR=os.path.join(tmp, "sglang-cache"), XDG_CACHE_HOME=os.path.join(tmp, "xdg-cache"),
+               HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
+    env.update(extra)
+    return env
+
+
+def start_server(args: list[str], tmp: str, name: str, module_entry: bool = False, env=None) -> launch.Server:
+    """A healthy `sglang serve ARGS` (`python -m sglang.launch_server ARGS` with
+    `module_entry`), its log `tmp/server-NAME-PORT.log`; RuntimeError with the log's tail
+    if it exits or is not healthy within STARTUP_TIMEOUT (it is stopped then)."""
+    port = launch.free_port()
+    cmd = launch.sglang_command(args, port, module_entry)
+    log_path = os.path.join(tmp, f"server-{name}-{port}.log")
+    return launch.start(cmd, port, log_path, STARTUP_TIMEOUT, env=env or server_env(tmp), tail_lines=LOG_TAIL_LINES)
+
+
+def alive(pid: int) -> bool:
+    """A running process (a zombie is not)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+# -- the speculative servers -----------------------------------------------------------
+ADAPTIVE_LOG_EVERY = 20
+
+
+def adaptive_config_file(models) -> str:
+    """The adaptive servers' settings: the default widths, the histogram logged every
+    ADAPTIVE_LOG_EVERY decode steps."""
+    path = os.path.join(os.path.dirname(models["target"]), "adaptive.json")
+    with open(path, "w") as fh:
+        json.dump({"widths": [16, 8, 4, 2, 1], "log_every_steps": ADAPTIVE_LOG_EVERY}, fh)
+    return path
+
+
+Width = Union[int, None, Literal["hf", "adaptive"]]
+
+
+def spec_args(models, draft: str, width: Width) -> list[str]:
+    """`sglang serve` arguments for the tiny target with DFLASH and `models[draft]`."""
+    args = [
+        "--model-path", models["target"], *BASE_ARGS,
+        "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", models[draft],
+        "--speculative-dflash-block-size", str(BLOCK),
+    ]
+    if isinstance(width, int):
+        args += ["--speculative-num-draft-tokens", str(width)]
+    if width == "adaptive":
+        args += ["--speculative-adaptive", "--speculative-adaptive-config", adaptive_config_file(models)]
+    return args
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """One speculative server: `draft` names a checkpoint of the `models` fixture; `width`
+    is the verify width: None for the draft block (16), an int for
+    `--speculative-num-draft-tokens`, "hf" for the Transformers backend's window (16
+    proposals from the 16-slot block, 17 verified; `env` sets SGLANG_DOMINO_HF_WINDOW=1),
+    "adaptive" for `--speculative-adaptive` (a width in {16, 8, 4, 2, 1} per decode step)."""
+
+    name: str
+    draft: str
+    width: Width = None
+    flags: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def adaptive(self) -> bool:
+        return self.width == "adaptive"
+
+    @property
+    def verify_window(self) -> int:
+        """Tokens one verify step can commit (the largest width when adaptive)."""
+        return BLOCK + 1 if self.width == "hf" else BLOCK if self.adaptive else (self.width or BLOCK)
+
+    @property
+    def proposals_per_step(self) -> int:
+        """Draft tokens the target verifies per step: window - 1, or all 16 of the block
+        with the Transformers window."""
+        return BLOCK if self.width == "hf" else self.verify_window - 1
+
+    def args(self, models) -> list[str]:
+        return spec_args(models, self.draft, self.width) + list(self.flags)
+
+
+Q_RULE = ("--speculative-use-rejection-sampling",)
+
+# The end-to-end matrix. The width-8 Domino server loads the legacy export of the same
+# draft (DominoDraftModel / causal_v5 / logit_head.*); the "_q" servers verify sampled
+# requests with the draft's own q (`--speculative-use-rejection-sampling`).
+SPEC_CONFIGS = {config.name: config for config in [
+    ServerConfig("dflash", "dflash"),
+    ServerConfig("domino", "domino"),
+    ServerConfig("dflash_w8", "dflash", 8),
+    ServerConfig("domino_legacy_w8", "domino_legacy", 8),
+    ServerConfig("domino_hf17", "domino", "hf", env={"SGLANG_DOMINO_HF_WINDOW": "1"}),
+    ServerConfig("domino_q", "domino", flags=Q_RULE),
+    ServerConfig("domino_q_w8", "domino", 8, flags=Q_RULE),
+    ServerConfig("dflash_adaptive", "dflash", "adaptive"),
+    ServerConfig("domino_adaptive", "domino", "adaptive"),
+    ServerConfig("domino_q_adaptive", "domino", "adaptive", flags=Q_RULE),
+]}

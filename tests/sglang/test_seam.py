@@ -1,0 +1,94 @@
+"""The seam with SGLang 0.5.23, from its one declaration (`sglang_domino.sglang.hooks`):
+one case per patch and per dependency, so a moved pin names the symbol that broke; every
+install group installed and seen live; UPSTREAM.md documents every row; the settings
+channel to the schedulers round-trips."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from pydantic import ValidationError
+
+from sglang_domino.sglang import hooks, settings
+from sglang_domino.verify_width import AdaptiveWidthConfig
+from tests.sglang.probes import run_probe
+
+UPSTREAM_MD = os.path.join(os.path.dirname(hooks.__file__), "UPSTREAM.md")
+CPU_ARGV = ("sglang", "serve", "--device", "cpu")
+
+
+@pytest.fixture(scope="module")
+def seam(sglang_tmp):
+    return run_probe("seam", sglang_tmp, argv=CPU_ARGV)
+
+
+@pytest.mark.parametrize("patch", hooks.PATCHES, ids=lambda p: p.name)
+def test_patched_symbol_is_in_the_pinned_sglang(seam, patch):
+    assert seam["patches"][patch.name] == {}, f"{patch.target} ({patch.kind.value}, {patch.group.name})"
+
+
+@pytest.mark.parametrize("dep", hooks.DEPENDS, ids=lambda d: d.target.rsplit(".", 2)[-2] + "." + d.target.rsplit(".", 1)[-1])
+def test_symbol_the_plugin_relies_on_is_in_the_pinned_sglang(seam, dep):
+    assert seam["depends"][dep.target] == {}, dep.target
+
+
+def test_register_installs_the_every_process_and_cpu_engine_rows_and_nothing_else(seam):
+    live = seam["groups"]["after_load"]
+    for patch in hooks.PATCHES:
+        if patch.name in live:
+            want = patch.group in (hooks.EVERY_PROCESS, hooks.CPU_ENGINE)
+            assert live[patch.name] is want, patch.name
+
+
+def test_every_installable_row_is_live_once_its_group_is_installed(seam):
+    groups = seam["groups"]
+    assert groups["standin"] is True and groups["install_twice"] is False
+    checked = {p.name for p in hooks.PATCHES if p.kind in hooks.HOOK_KINDS + (hooks.Kind.RESOLUTION,)}
+    assert set(groups["after_all"]) == checked
+    assert all(groups["after_all"].values()), {k: v for k, v in groups["after_all"].items() if not v}
+
+
+def _short(target: str) -> str:
+    parts = target.split(".")
+    if len(parts) >= 2 and parts[-2][:1].isupper():
+        return ".".join(parts[-2:])
+    return parts[-1]
+
+
+@pytest.mark.parametrize("target", sorted({p.target for p in hooks.PATCHES} | {d.target for d in hooks.DEPENDS}))
+def test_upstream_md_documents_every_row(target):
+    with open(UPSTREAM_MD, encoding="utf-8") as fh:
+        text = fh.read()
+    assert _short(target) in text, f"UPSTREAM.md does not name {_short(target)} ({target})"
+
+
+def test_rows_are_unique_and_grouped():
+    names = [p.name for p in hooks.PATCHES]
+    assert len(names) == len(set(names))
+    assert {p.group for p in hooks.PATCHES} <= set(hooks.GROUPS)
+    for group in hooks.GROUPS:
+        installable = [p for p in hooks.rows(group) if p.kind in hooks.INSTALLED_BY_GROUP]
+        done_elsewhere = [p for p in hooks.rows(group) if p.kind not in hooks.INSTALLED_BY_GROUP]
+        assert not (installable and done_elsewhere), f"group {group.name} mixes install() rows and code-applied rows"
+    with pytest.raises(ValueError, match="no row that install"):
+        hooks.install(hooks.STEP)
+
+
+def test_settings_round_trip_through_the_environment(monkeypatch):
+    monkeypatch.delenv(settings.SETTINGS_ENV, raising=False)
+    assert settings.current() == settings.SchedulerSettings()
+    sent = settings.SchedulerSettings(draft_block=16, adaptive=AdaptiveWidthConfig(widths=[16, 8, 1]))
+    settings.publish(sent)
+    assert settings.current() == sent
+    settings.publish(settings.SchedulerSettings())
+    assert settings.SETTINGS_ENV not in os.environ
+
+
+def test_settings_refuse_what_resolution_never_writes(monkeypatch):
+    monkeypatch.setenv(settings.SETTINGS_ENV, '{"draft_block": 0}')
+    with pytest.raises(ValidationError, match="draft_block"):
+        settings.current()
+    monkeypatch.setenv(settings.SETTINGS_ENV, '{"draft_blok": 16}')
+    with pytest.raises(ValidationError, match="draft_blok"):
+        settings.current()
