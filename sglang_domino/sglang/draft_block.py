@@ -64,17 +64,17 @@ class DraftBlockRunner:
 
     def _block_batch(self, forward_batch, bs: int, window: int):
         block, offsets = self.draft_block, self.offsets
-        fb = copy.copy(forward_batch)
-        fb.input_ids = self._resize(forward_batch.input_ids, window, fill=self.mask_id)
-        fb.input_embeds = self._resize(forward_batch.input_embeds, window)
-        fb.positions = (forward_batch.positions.view(bs, window)[:, :1] + offsets).reshape(-1)
+        block_batch = copy.copy(forward_batch)
+        block_batch.input_ids = self._resize(forward_batch.input_ids, window, fill=self.mask_id)
+        block_batch.input_embeds = self._resize(forward_batch.input_embeds, window)
+        block_batch.positions = (forward_batch.positions.view(bs, window)[:, :1] + offsets).reshape(-1)
         cols = forward_batch.seq_lens.to(torch.int64)[:, None] + offsets
         rows = forward_batch.req_pool_indices.to(torch.int64)[:, None]
         locs = self.target_runner.req_to_token_pool.req_to_token[rows, cols]
         extra = block - window
-        if extra > 0 and fb.seq_lens_cpu is not None:  # host bound: committed + block
-            fb.seq_lens_cpu = fb.seq_lens_cpu + extra
-            fb.seq_lens_sum = int(fb.seq_lens_sum) + bs * extra
+        if extra > 0 and block_batch.seq_lens_cpu is not None:  # host bound: committed + block
+            block_batch.seq_lens_cpu = block_batch.seq_lens_cpu + extra
+            block_batch.seq_lens_sum = int(block_batch.seq_lens_sum) + bs * extra
         old_plan = forward_batch.kv_loc_plan
         plan = self.target_runner.kv_index_translator.plan(
             req_pool_indices=forward_batch.req_pool_indices,
@@ -83,11 +83,11 @@ class DraftBlockRunner:
             write_virtual=locs.reshape(-1).to(forward_batch.out_cache_loc.dtype),
             read_extent=block,
         )
-        plan.bind(fb, self.runner.kv_index_translator)
-        if getattr(fb, "num_token_non_padded", None) is not None:
-            fb.num_token_non_padded = torch.full_like(fb.num_token_non_padded, bs * block)
-        fb.global_num_token_non_padded_cpu = bs * block
-        return fb
+        plan.bind(block_batch, self.runner.kv_index_translator)
+        if getattr(block_batch, "num_token_non_padded", None) is not None:
+            block_batch.num_token_non_padded = torch.full_like(block_batch.num_token_non_padded, bs * block)
+        block_batch.global_num_token_non_padded_cpu = bs * block
+        return block_batch
 
     def _resize(self, t: torch.Tensor, window: int, fill=None) -> torch.Tensor:
         """[bs * window, ...] -> [bs * draft_block, ...]; new slots repeat `fill` or the

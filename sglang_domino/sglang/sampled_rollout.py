@@ -47,7 +47,7 @@ class UpstreamDominoHead:
             self.off_pool.scatter_(1, pool_ids, False)
 
     def correction(self, z: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
-        out = self.proj[2](self.proj[1](self.proj[0](torch.cat((z, state.to(z.dtype)), dim=-1))))
+        out = self.proj(torch.cat((z, state.to(z.dtype)), dim=-1))
         if self.off_pool is not None:
             out = out.float().masked_fill(self.off_pool, float("-inf"))
         return out
@@ -170,11 +170,11 @@ def base_logits(*, draft_hidden, lm_head_weight, vocab_size, shift_label, tp_gro
     return z, gathered.T[:, :int(vocab_size)].reshape(bs, n, int(vocab_size))
 
 
-def domino_sampled_rollout(step: SampledStep, **kw) -> torch.Tensor:
+def domino_sampled_rollout(step: SampledStep, **rollout_args) -> torch.Tensor:
     """Same arguments and result ([bs, n] proposals) as upstream's `domino_greedy_rollout`;
     records the proposals and q on `step`."""
-    z, base = base_logits(**kw)
-    vocab, pool_size = int(kw["vocab_size"]), int(kw["candidate_pool_size"])
+    z, base = base_logits(**rollout_args)
+    vocab, pool_size = int(rollout_args["vocab_size"]), int(rollout_args["candidate_pool_size"])
     n = int(z.shape[1])
     pool = None
     if n > 1 and 0 < pool_size < vocab:
@@ -182,8 +182,9 @@ def domino_sampled_rollout(step: SampledStep, **kw) -> torch.Tensor:
         pool = torch.topk(base[:, 1:].amax(dim=1), k=pool_size, dim=-1, sorted=False).indices
     step.pool_ids = pool
     step.rollout_coins = step.coins(0, n)
-    head = UpstreamDominoHead(kw["prefix_gru"], kw["embed_proj"], pool, vocab)
-    tokens = propose_domino(z, base, kw["bonus_tokens"], kw["target_embedding"], head, step.pick).tokens
+    head = UpstreamDominoHead(rollout_args["prefix_gru"], rollout_args["embed_proj"], pool, vocab)
+    tokens = propose_domino(z, base, rollout_args["bonus_tokens"], rollout_args["target_embedding"], head,
+                            step.pick).tokens
     if step.sync_tokens is not None:
         step.sync_tokens(tokens)
     step.tokens = tokens

@@ -21,23 +21,22 @@ def around_torch_native_forward_extend(original, self, q, k, v, layer, forward_b
     run them as an extend with prefix = `seq_lens`, extend length W, total
     `seq_lens + W`. The backend then attends causally for the target verify and
     non-causally for the draft's `AttentionType.ENCODER_ONLY` layers."""
-    fb = forward_batch
-    if not fb.forward_mode.is_target_verify() or fb.extend_seq_lens is not None:
-        return original(self, q, k, v, layer, fb, *args, **kwargs)
-    bs = int(fb.batch_size)
+    if not forward_batch.forward_mode.is_target_verify() or forward_batch.extend_seq_lens is not None:
+        return original(self, q, k, v, layer, forward_batch, *args, **kwargs)
+    bs = int(forward_batch.batch_size)
     n = int(q.shape[0])
     if bs <= 0 or n % bs:
         raise RuntimeError(f"TARGET_VERIFY batch of {n} tokens is not a whole number of blocks for {bs} requests")
     width = n // bs
-    prefix = fb.seq_lens
-    saved = (fb.seq_lens, fb.extend_prefix_lens, fb.extend_seq_lens)
-    fb.seq_lens = prefix + width
-    fb.extend_prefix_lens = prefix
-    fb.extend_seq_lens = torch.full_like(prefix, width)
+    prefix = forward_batch.seq_lens
+    saved = (forward_batch.seq_lens, forward_batch.extend_prefix_lens, forward_batch.extend_seq_lens)
+    forward_batch.seq_lens = prefix + width
+    forward_batch.extend_prefix_lens = prefix
+    forward_batch.extend_seq_lens = torch.full_like(prefix, width)
     try:
-        return original(self, q, k, v, layer, fb, *args, **kwargs)
+        return original(self, q, k, v, layer, forward_batch, *args, **kwargs)
     finally:
-        fb.seq_lens, fb.extend_prefix_lens, fb.extend_seq_lens = saved
+        forward_batch.seq_lens, forward_batch.extend_prefix_lens, forward_batch.extend_seq_lens = saved
 
 
 _upstream_record_stream = torch.Tensor.record_stream
