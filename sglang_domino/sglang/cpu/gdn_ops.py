@@ -128,7 +128,9 @@ def causal_conv1d_update_cpu(x: torch.Tensor, conv_state: torch.Tensor, weight: 
         for t in range(xs.shape[2]):
             window = torch.cat([state, xs[b, :, t:t + 1]], dim=1)           # [dim, K]
             out[b, :, t] = _conv(window, w, bias, activation).to(xs.dtype)
-            state = window[:, 1:]
+            # rounded to the cache's dtype after every position, as decoding one token at
+            # a time stores it: a verify then sees what token-by-token decoding would
+            state = window[:, 1:].to(conv_state.dtype).to(xs.dtype)
             if verify:
                 intermediate_conv_window[row, t] = state.to(intermediate_conv_window.dtype)
         if not verify:
@@ -170,16 +172,20 @@ def _prepare_qk(q: torch.Tensor, k: torch.Tensor, num_v_heads: int, l2norm: bool
 
 
 def _delta_rule(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-                beta: torch.Tensor, snapshots: Optional[list] = None):
+                beta: torch.Tensor, snapshots: Optional[list] = None, stored_as: Optional[torch.dtype] = None):
     """The gated delta rule over one sequence. state [HV, V, K] float32 (updated in place);
     q, k [n, HV, K] (q scaled); v [n, HV, V]; g, beta [n, HV] float32 -> o [n, HV, V] float32.
-    Per token: S <- exp(g) S; S <- S + beta (v - S k) k^T; o = S q."""
+    Per token: S <- exp(g) S; S <- S + beta (v - S k) k^T; o = S q. `stored_as`: S is
+    rounded to that dtype after every token, as a pool of that dtype stores it between the
+    tokens of token-by-token decoding."""
     out = v.new_empty(v.shape, dtype=torch.float32)
     for t in range(q.shape[0]):
         state.mul_(torch.exp(g[t])[:, None, None])
         err = (v[t].float() - torch.einsum("hvk,hk->hv", state, k[t])) * beta[t][:, None]
         state.add_(err[:, :, None] * k[t][:, None, :])
         out[t] = torch.einsum("hvk,hk->hv", state, q[t])
+        if stored_as is not None and stored_as != torch.float32:
+            state.copy_(state.to(stored_as))
         if snapshots is not None:
             snapshots.append(state.clone())
     return out
@@ -193,11 +199,12 @@ def _segments(cu_seqlens: Optional[torch.Tensor], total: int):
 def _rule_over_sequences(q, k, v, g, beta, pool: Optional[torch.Tensor], slots: Optional[torch.Tensor],
                          cu_seqlens, l2norm: bool, scale: Optional[float], write_back: bool = True,
                          buffer: Optional[torch.Tensor] = None, rows: Optional[torch.Tensor] = None,
-                         max_steps: Optional[int] = None) -> torch.Tensor:
+                         max_steps: Optional[int] = None, per_token: bool = False) -> torch.Tensor:
     """The delta rule over each sequence of `cu_seqlens` in q, k [1, T, HK, K], v [1, T, HV, V],
     g, beta [T, HV] float32, from `pool[slots[i]]` (zeros without a pool; a negative slot is a
     padded row, left at zero output). `write_back`: the final state goes back to the pool;
-    `buffer`: the state after each position goes to `buffer[rows[i], t]`."""
+    `buffer`: the state after each position goes to `buffer[rows[i], t]`; `per_token`: the
+    state is rounded to the pool's dtype after every token (decode and verify)."""
     if buffer is not None and rows is None:
         raise ValueError("intermediate_states_buffer needs intermediate_state_indices")
     hv = v.shape[2]
@@ -213,7 +220,9 @@ def _rule_over_sequences(q, k, v, g, beta, pool: Optional[torch.Tensor], slots: 
             state = v.new_zeros(hv, v.shape[3], q.shape[3], dtype=torch.float32)
         steps: Optional[list] = [] if buffer is not None else None
         out[0, start:end] = _delta_rule(state, qs[start:end], ks[start:end], v[0, start:end], g[start:end],
-                                        beta[start:end], steps).to(out.dtype)
+                                        beta[start:end], steps,
+                                        stored_as=pool.dtype if per_token and pool is not None else None
+                                        ).to(out.dtype)
         if buffer is not None:
             limit = buffer.shape[1] if max_steps is None else min(max_steps, buffer.shape[1])
             if len(steps) > limit:
@@ -264,7 +273,7 @@ def fused_sigmoid_gating_delta_rule_update_cpu(
     return _rule_over_sequences(q, k, v, g, beta, initial_state_source, initial_state_indices, cu_seqlens,
                                 use_qk_l2norm_in_kernel, scale, write_back=not disable_state_update,
                                 buffer=intermediate_states_buffer, rows=intermediate_state_indices,
-                                max_steps=cache_steps)
+                                max_steps=cache_steps, per_token=True)
 
 
 def _scatter_steps(dst: torch.Tensor, src: torch.Tensor, dst_indices: torch.Tensor, steps: torch.Tensor,

@@ -131,19 +131,24 @@ def _decode_one_by_one(pool, conv, slot, q, k, v, a, b, x, A_log, dt_bias, w):
     return ssm_steps, conv_steps, torch.cat(outs, 1), torch.stack(convs, -1)
 
 
+# float32 inputs (a float32 server) with caches in float32, and with 0.5.23's default
+# bfloat16 conv state (SGLANG_MAMBA_CONV_DTYPE) and a bfloat16 ssm state: a verify must
+# round its running states where token-by-token decoding stores them, or the committed
+# state and the verify's outputs drift from the plain server's.
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16], ids=["fp32-caches", "bf16-caches"])
 @pytest.mark.parametrize("accepted", [0, 3, 7])
-def test_verify_snapshots_and_commit_are_the_accepted_prefix(accepted):
+def test_verify_snapshots_and_commit_are_the_accepted_prefix(accepted, cache_dtype):
     D = 8
     A_log, dt_bias = _params()
     gen = torch.Generator().manual_seed(4)
     w = torch.randn(DIM, CONV_K, generator=gen)
-    pool = torch.randn(4, HV, V, K, generator=gen)
-    conv = torch.randn(4, DIM, CONV_K - 1, generator=gen)
+    pool = torch.randn(4, HV, V, K, generator=gen).to(cache_dtype)
+    conv = torch.randn(4, DIM, CONV_K - 1, generator=gen).to(cache_dtype)
     slots, rows = torch.tensor([3, 1]), torch.tensor([0, 1])
     q, k, v, a, b = _inputs(2 * D, seed=6)
     x = torch.randn(2, DIM, D, generator=gen)
-    buf_ssm = torch.zeros(1, 3, D, HV, V, K)
-    buf_conv = torch.zeros(1, 3, D, DIM, CONV_K - 1)
+    buf_ssm = torch.zeros(1, 3, D, HV, V, K, dtype=cache_dtype)
+    buf_conv = torch.zeros(1, 3, D, DIM, CONV_K - 1, dtype=cache_dtype)
     live_pool, live_conv = pool.clone(), conv.clone()
 
     conv_out = ops.causal_conv1d_update_cpu(x, conv, w, None, "silu", conv_state_indices=slots,
