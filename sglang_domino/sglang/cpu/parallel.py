@@ -14,7 +14,8 @@ machine like this one (one NUMA node, a CUDA build of torch):
 Installed in CPU-engine processes by `plugin.register` (the `cpu engine` group of
 `hooks.py`), before a scheduler builds its groups:
   * AROUND `bootstrap._bind_threads_if_cpu`: with more ranks than NUMA nodes and no
-    binding given, each rank gets a contiguous share of the cores this process may use
+    binding given, each rank of this node (`--nnodes`) gets a contiguous share of the
+    cores this process may use
     (`os.sched_getaffinity`), refused when there are fewer cores than ranks; without
     AMX/arm64 the rank is then pinned to its share, with at most as many torch threads
     as it has cores (never more than the process already had: `OMP_NUM_THREADS` holds);
@@ -70,6 +71,18 @@ def parse_cores(spec) -> list[int]:
     return cores
 
 
+def node_binding(ranks: int, nnodes: int, cores: list[int], numa_nodes: int):
+    """`SGLANG_CPU_OMP_THREADS_BIND` for this node, or None where upstream's own binding
+    serves (one rank, or no more ranks than NUMA nodes). Upstream indexes the binding by the
+    node-local device id, so the ranks of this node (ranks / nnodes) share this node's
+    cores; upstream asserts on the global count, so a node with one rank still gets one."""
+    if ranks <= 1 or ranks <= numa_nodes:
+        return None
+    if nnodes < 1 or ranks % nnodes:
+        raise ValueError(f"--nnodes {nnodes} does not divide the {ranks} ranks (dp x tp x pp)")
+    return bind_string(split_cores(cores, ranks // nnodes))
+
+
 def around_bind_threads(original, *args, device=None, **kwargs):
     if device != "cpu":
         return original(*args, device=device, **kwargs)
@@ -78,8 +91,11 @@ def around_bind_threads(original, *args, device=None, **kwargs):
 
     parallel = get_parallel()
     ranks = int(parallel.dp_size) * int(parallel.tp_size) * int(parallel.pp_size)
-    if ranks > 1 and BIND_ENV not in os.environ and ranks > len(numa_utils.get_cpu_ids_by_node()):
-        os.environ[BIND_ENV] = bind_string(split_cores(sorted(os.sched_getaffinity(0)), ranks))
+    if BIND_ENV not in os.environ:
+        binding = node_binding(ranks, int(getattr(parallel, "nnodes", 1) or 1), sorted(os.sched_getaffinity(0)),
+                               len(numa_utils.get_cpu_ids_by_node()))
+        if binding is not None:
+            os.environ[BIND_ENV] = binding
     local = original(*args, device=device, **kwargs)
     if ranks > 1 and local is not None and not _upstream_binds_threads():
         _pin(parse_cores(local))

@@ -22,6 +22,20 @@ def test_more_ranks_than_cores_is_refused_with_the_numbers():
         cp.split_cores([0, 1], 4)
 
 
+def test_each_node_splits_its_own_cores_among_its_own_ranks():
+    # one node, TP 2 on two cores: one core each
+    assert cp.node_binding(2, 1, [0, 1], numa_nodes=1) == "0|1"
+    # two nodes (multi-node TP 2), one rank each: that rank gets all of its node's cores,
+    # not the first share of a split made for the global count
+    assert cp.node_binding(2, 2, [0, 1], numa_nodes=1) == "0,1"
+    assert cp.node_binding(4, 2, [0, 1, 2, 3], numa_nodes=1) == "0,1|2,3"
+    # upstream binds by itself: one rank, or a NUMA node per rank
+    assert cp.node_binding(1, 1, [0, 1], numa_nodes=1) is None
+    assert cp.node_binding(2, 1, [0, 1], numa_nodes=2) is None
+    with pytest.raises(ValueError, match="--nnodes 2 does not divide the 3 ranks"):
+        cp.node_binding(3, 2, [0, 1], numa_nodes=1)
+
+
 def test_groups_get_gloo_only_unless_the_caller_chose():
     seen = {}
 
