@@ -13,6 +13,7 @@ PROMPTS = [
     "a",
 ]
 MAX_TOKENS = 32
+CHAT = [{"role": "user", "content": "sing about rivers and mountains"}]
 # token ids for /generate, compared with the Transformers backend's output
 HF_PROMPTS = [[5, 77, 300, 41, 9], [100, 200], [7] * 6, [300, 301, 300]]
 STREAM_PROMPTS = [PROMPTS[i % len(PROMPTS)] + " " * (i // len(PROMPTS)) for i in range(8)]
@@ -49,11 +50,13 @@ def streams_expected(server) -> list[str]:
 
 
 def free_tokens(server) -> tuple[int, int]:
-    """(free, used) KV slots after a cache flush."""
+    """(free, used) KV slots after a cache flush, over every data-parallel worker."""
     status, _ = server.post("/flush_cache", {})
     assert status == 200
-    loads = server.get("/v1/loads")["loads"][0]
-    return loads["max_total_num_tokens"] - loads["num_used_tokens"], loads["num_used_tokens"]
+    loads = server.get("/v1/loads")["loads"]  # one entry per data-parallel worker
+    total = sum(load["max_total_num_tokens"] for load in loads)
+    used = sum(load["num_used_tokens"] for load in loads)
+    return total - used, used
 
 
 def _events(server, path, payload):

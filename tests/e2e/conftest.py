@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers.servers import start_server
+from tests.e2e.client import CHAT, HF_PROMPTS, PROMPTS, chat, completion, generate_ids, streams_expected
+from tests.helpers.servers import BASE_ARGS, start_server
 
 
 @pytest.fixture(scope="session")
@@ -25,3 +26,20 @@ def start(sglang_tmp):
     finally:
         for server in started:
             server.stop()
+
+
+@pytest.fixture(scope="session")
+def expected(models, start):
+    """Everything the plain (non-speculative) TP 1 server answers, computed once for every
+    end-to-end file; the server is stopped before any other starts (2 cores: one server at
+    a time)."""
+    base = start(["--model-path", models["target"], *BASE_ARGS], "base", module_entry=True)
+    try:
+        return {
+            "completions": {p: completion(base, p) for p in PROMPTS},
+            "chat": chat(base, CHAT),
+            "streams": streams_expected(base),
+            "generate": [generate_ids(base, ids)["output_ids"] for ids in HF_PROMPTS],
+        }
+    finally:
+        base.stop()

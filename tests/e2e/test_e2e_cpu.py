@@ -9,30 +9,12 @@ import re
 import pytest
 import torch
 
-from tests.e2e.client import (HF_PROMPTS, MAX_TOKENS, PROMPTS, check_streams_and_abort, chat, completion,
-                              generate_ids, streams_expected)
+from tests.e2e.client import (CHAT, HF_PROMPTS, MAX_TOKENS, PROMPTS, check_streams_and_abort, chat, completion,
+                              generate_ids)
 from tests.helpers import tiny
 from tests.helpers.servers import ADAPTIVE_LOG_EVERY, BASE_ARGS, BLOCK, SPEC_CONFIGS, server_env
 
 pytestmark = pytest.mark.sglang_e2e
-
-CHAT = [{"role": "user", "content": "sing about rivers and mountains"}]
-
-
-@pytest.fixture(scope="session")
-def expected(models, start):
-    """Everything the plain (non-speculative) server answers, computed once; the server
-    is stopped before any speculative one starts (2 cores: one server at a time)."""
-    base = start(["--model-path", models["target"], *BASE_ARGS], "base", module_entry=True)
-    try:
-        return {
-            "completions": {p: completion(base, p) for p in PROMPTS},
-            "chat": chat(base, CHAT),
-            "streams": streams_expected(base),
-            "generate": [generate_ids(base, ids)["output_ids"] for ids in HF_PROMPTS],
-        }
-    finally:
-        base.stop()
 
 
 @pytest.fixture(scope="module", params=list(SPEC_CONFIGS))

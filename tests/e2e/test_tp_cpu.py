@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from tests.e2e.client import HF_PROMPTS, MAX_TOKENS, check_streams_and_abort, generate_ids, streams_expected
+from tests.e2e.client import HF_PROMPTS, MAX_TOKENS, check_streams_and_abort, generate_ids
 from tests.helpers.servers import BASE_ARGS, ServerConfig, alive, start_server
 
 pytestmark = pytest.mark.sglang_e2e
@@ -34,12 +34,9 @@ def _outputs(server):
 
 
 @pytest.fixture(scope="module")
-def tp1(models, start):
-    server = start(["--model-path", models["target"], *BASE_ARGS], "tp1-plain")
-    try:
-        return {"ids": _outputs(server), "streams": streams_expected(server)}
-    finally:
-        server.stop()
+def tp1(expected):
+    """The TP 1 plain server's answers (shared by every end-to-end file)."""
+    return {"ids": expected["generate"], "streams": expected["streams"]}
 
 
 @pytest.fixture(scope="module")
