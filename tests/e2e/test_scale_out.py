@@ -71,6 +71,8 @@ def test_dp2_gives_the_tp1_plain_output_from_both_workers(dp2, expected):
     assert [b["output_ids"] for b in bodies] == expected["generate"]
     assert all(b["meta_info"]["spec_verify_ct"] > 0 for b in bodies)
     check_streams_and_abort(dp2, expected["streams"])
+    # both workers run this project's worker and both served requests
     log = dp2.log()
     for rank in (0, 1):
-        assert f"DP{rank} TP0" in log and "sglang-domino DFLASH worker" in log
+        assert f" DP{rank}] sglang-domino DFLASH worker: device=cpu" in log, f"DP{rank}"
+        assert f" DP{rank}] Prefill batch" in log, f"DP{rank}"
