@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import urllib.request
 
 PROMPTS = [
@@ -20,9 +21,10 @@ STREAM_PROMPTS = [PROMPTS[i % len(PROMPTS)] + " " * (i // len(PROMPTS)) for i in
 STREAM_LENGTHS = [8 + 5 * i for i in range(8)]
 
 
-def completion(server, prompt, n=MAX_TOKENS) -> tuple[str, int]:
-    """Greedy /v1/completions: (text, completion tokens)."""
-    status, body = server.post("/v1/completions", {"model": "default", "prompt": prompt, "max_tokens": n,
+def completion(server, prompt, n=MAX_TOKENS, model="default") -> tuple[str, int]:
+    """Greedy /v1/completions: (text, completion tokens). A gateway routes by `model`, the
+    served name."""
+    status, body = server.post("/v1/completions", {"model": model, "prompt": prompt, "max_tokens": n,
                                                     "temperature": 0})
     assert status == 200, body
     return body["choices"][0]["text"], body["usage"]["completion_tokens"]
@@ -35,9 +37,9 @@ def chat(server, messages) -> str:
     return body["choices"][0]["message"]["content"]
 
 
-def generate_ids(server, input_ids, n=MAX_TOKENS) -> dict:
+def generate_ids(server, input_ids, n=MAX_TOKENS, model=None) -> dict:
     """Greedy /generate of `n` tokens (EOS ignored): the response body."""
-    status, body = server.post("/generate", {"input_ids": input_ids,
+    status, body = server.post("/generate", {"input_ids": input_ids, **({"model": model} if model else {}),
                                              "sampling_params": {"max_new_tokens": n, "temperature": 0,
                                                                  "ignore_eos": True}})
     assert status == 200, body
@@ -70,8 +72,8 @@ def _events(server, path, payload):
                 yield json.loads(line[5:])
 
 
-def _stream(server, prompt, n, results, i):
-    payload = {"model": "default", "prompt": prompt, "max_tokens": n, "temperature": 0, "stream": True}
+def _stream(server, prompt, n, results, i, model="default"):
+    payload = {"model": model, "prompt": prompt, "max_tokens": n, "temperature": 0, "stream": True}
     text, chunks = "", 0
     for chunk in _events(server, "/v1/completions", payload):
         if chunk.get("choices"):
@@ -95,16 +97,34 @@ def _stream_and_abort(server, results):
     results["abort"] = (chunks, last["meta_info"])
 
 
-def check_streams_and_abort(server, want: list[str]) -> None:
+def _stream_and_disconnect(server, results, model):
+    """A long streamed completion whose client goes away after its first chunks, while
+    the other streams run (a gateway has no `/abort_request`: the disconnect is the abort)."""
+    payload = {"model": model, "prompt": PROMPTS[0], "max_tokens": 1000, "temperature": 0, "stream": True,
+               "ignore_eos": True}
+    chunks = 0
+    for _ in _events(server, "/v1/completions", payload):
+        chunks += 1
+        if chunks == 3:
+            break  # leaving the generator closes the connection
+    results["abort"] = (chunks, None)
+
+
+def check_streams_and_abort(server, want: list[str], model: str = "default", workers=None) -> None:
     """8 streams of different lengths plus one aborted mid-stream: the 8 give `want`
     (`streams_expected` of a plain server), the aborted one ends early with an abort, and
-    every KV slot comes back."""
-    free_before, used_before = free_tokens(server)
+    every KV slot comes back. With `workers` (the servers behind a gateway `server`), the
+    abort is a client disconnect and the KV slots are counted on the workers."""
+    kv = workers or [server]
+    before = [free_tokens(w) for w in kv]
     results = [None] * 8
     aborted = {}
-    threads = [threading.Thread(target=_stream, args=(server, p, n, results, i))
+    threads = [threading.Thread(target=_stream, args=(server, p, n, results, i, model))
                for i, (p, n) in enumerate(zip(STREAM_PROMPTS, STREAM_LENGTHS))]
-    threads.append(threading.Thread(target=_stream_and_abort, args=(server, aborted)))
+    if workers:
+        threads.append(threading.Thread(target=_stream_and_disconnect, args=(server, aborted, model)))
+    else:
+        threads.append(threading.Thread(target=_stream_and_abort, args=(server, aborted)))
     for t in threads:
         t.start()
     for t in threads:
@@ -113,8 +133,19 @@ def check_streams_and_abort(server, want: list[str]) -> None:
     assert [r[0] for r in results] == want
     assert all(r[1] >= 1 for r in results)
     chunks, meta = aborted["abort"]
-    assert meta["finish_reason"]["type"] == "abort", meta["finish_reason"]
-    assert meta["completion_tokens"] < 1000
-    free_after, used_after = free_tokens(server)
-    assert used_after == used_before == 0
-    assert free_after == free_before
+    if meta is not None:
+        assert meta["finish_reason"]["type"] == "abort", meta["finish_reason"]
+        assert meta["completion_tokens"] < 1000
+    assert [used for _, used in before] == [0] * len(kv)
+    assert _settled(kv) == before
+
+
+def _settled(servers, timeout: float = 60):
+    """`free_tokens` of each server once none holds a KV slot (a disconnected request is
+    aborted by its server a moment after the client goes), or as it is at `timeout`."""
+    deadline = time.time() + timeout
+    while True:
+        now = [free_tokens(s) for s in servers]
+        if all(used == 0 for _, used in now) or time.time() > deadline:
+            return now
+        time.sleep(0.5)

@@ -1,17 +1,19 @@
 """Scaling out on SGLang's own machinery, end to end on CPU over loopback, with a Domino
 draft: tensor parallelism across two "nodes" (two `sglang serve` processes joined by
-`--nnodes 2 --dist-init-addr`) and data parallelism (`--dp-size 2`). Each gives the TP 1
-plain server's greedy output, serves 8 streams plus an abort with every KV slot back, and
-leaves no process behind."""
+`--nnodes 2 --dist-init-addr`), data parallelism (`--dp-size 2`), and the Shepherd Model
+Gateway (`smg`) in front of two servers. Each gives the TP 1 plain server's greedy output,
+serves 8 streams plus an abort with every KV slot back, and leaves no process behind."""
 
 from __future__ import annotations
 
 import os
+import sys
+import time
 
 import pytest
 
 from sglang_domino import launch
-from tests.e2e.client import HF_PROMPTS, check_streams_and_abort, generate_ids
+from tests.e2e.client import HF_PROMPTS, PROMPTS, check_streams_and_abort, completion, generate_ids
 from tests.helpers.servers import SPEC_CONFIGS, server_env
 
 pytestmark = pytest.mark.sglang_e2e
@@ -76,3 +78,55 @@ def test_dp2_gives_the_tp1_plain_output_from_both_workers(dp2, expected):
     for rank in (0, 1):
         assert f" DP{rank}] sglang-domino DFLASH worker: device=cpu" in log, f"DP{rank}"
         assert f" DP{rank}] Prefill batch" in log, f"DP{rank}"
+
+
+@pytest.fixture(scope="module")
+def gateway(models, start, sglang_tmp):
+    """`smg launch` (round robin) in front of two Domino servers; yields (gateway, workers,
+    the served model name, which the gateway routes by)."""
+    workers = [start(_domino(models), f"gateway-worker{i}") for i in range(2)]
+    port = launch.free_port()
+    cmd = [sys.executable, "-m", "smg", "launch", "--worker-urls", *[w.url for w in workers],
+           "--policy", "round_robin", "--host", launch.HOST, "--port", str(port),
+           "--prometheus-host", launch.HOST, "--prometheus-port", str(launch.free_port())]
+    router = launch.start(cmd, port, os.path.join(sglang_tmp, f"gateway-{port}.log"), timeout=120,
+                          env=server_env(sglang_tmp))
+    try:
+        model = workers[0].get("/v1/models")["data"][0]["id"]
+        deadline = time.time() + 60
+        while not any(m["id"] == model for m in _models(router)):  # healthy before its workers register
+            assert time.time() < deadline, router.log()[-3000:]
+            time.sleep(0.5)
+        yield router, workers, model
+    finally:
+        router.stop(grace=20)
+        for worker in workers:
+            worker.stop()
+    assert not router.group() and not any(w.group() for w in workers)
+
+
+def _models(router) -> list:
+    try:
+        return router.get("/v1/models")["data"]
+    except OSError:  # 503 until a worker is registered
+        return []
+
+
+def _prefills(server) -> int:
+    return server.log().count("Prefill batch")
+
+
+def test_gateway_routes_to_both_servers_and_gives_the_plain_output(gateway, expected):
+    router, workers, model = gateway
+    before = [_prefills(w) for w in workers]
+    for prompt in PROMPTS:
+        assert completion(router, prompt, model=model) == expected["completions"][prompt], prompt
+    bodies = [generate_ids(router, ids, model=model) for ids in HF_PROMPTS]
+    assert [b["output_ids"] for b in bodies] == expected["generate"]
+    assert all(b["meta_info"]["spec_verify_ct"] > 0 for b in bodies)
+    assert all(_prefills(w) > n for w, n in zip(workers, before)), "round robin used one server only"
+
+
+def test_gateway_streams_and_a_disconnect_free_every_kv_slot(gateway, expected):
+    router, workers, model = gateway
+    check_streams_and_abort(router, expected["streams"], model=model, workers=workers)
