@@ -120,7 +120,12 @@ def test_sampled_output_follows_the_target_distribution(spec, models):
     outs = [row["output_ids"] for row in body]
     assert all(len(o) == 3 for o in outs)
     verify_steps = sum(row["meta_info"]["spec_verify_ct"] for row in body)
-    assert 0 < verify_steps < 2 * SAMPLED_ROWS  # some steps accepted a draft token
+    if spec.config.adaptive:
+        # the policy may verify this batch at width 1 (plain decoding: nothing to accept)
+        # where that is the cheapest per token on this machine at this batch size
+        assert 0 < verify_steps <= 2 * SAMPLED_ROWS
+    else:
+        assert 0 < verify_steps < 2 * SAMPLED_ROWS  # some steps accepted a draft token
     cache = {}
     for position in (1, 2):
         observed = torch.zeros(2, dtype=torch.float64)
