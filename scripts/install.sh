@@ -9,3 +9,16 @@ PYTHON_BIN="${PYTHON_BIN:-python3}"
 [ -x .venv/bin/python ] || "$PYTHON_BIN" -m venv .venv
 .venv/bin/pip install -qq --upgrade pip
 .venv/bin/pip install -qq -e ".${INSTALL_EXTRAS-[test]}"
+# mooncake's transfer engine (the test and pd-cpu extras: prefill-decode disaggregation)
+# loads libibverbs.so.1, which Debian ships as libibverbs1; installed here when root can.
+case "${INSTALL_EXTRAS-[test]}" in *test*|*pd-cpu*)
+    if ! ldconfig -p | grep -q 'libibverbs\.so\.1 '; then
+        if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+            echo "[setup] installing Debian's libibverbs1 (mooncake's transfer engine loads it)"
+            (apt-get install -y -qq libibverbs1 >/dev/null 2>&1 \
+                || { apt-get update -qq >/dev/null && apt-get install -y -qq libibverbs1 >/dev/null; })
+        else
+            echo "[setup] note: mooncake's transfer engine needs libibverbs.so.1 (Debian/Ubuntu: libibverbs1)" >&2
+        fi
+    fi;;
+esac

@@ -77,9 +77,13 @@ WORKER = Group("worker", Moment.WORKER_INIT, "schedulers", "as stated per row (d
 STEP = Group("step", Moment.STEP, "schedulers", "as stated per row (done by the worker)")
 RESOLVE = Group("resolve", Moment.RESOLUTION, "main process", "as stated per row")
 PLATFORM = Group("platform", Moment.PLATFORM_IMPORT, "every SGLang process", "`--device cpu`")
+DISAGGREGATION = Group("disaggregation", Moment.SCHEDULER_START, "schedulers",
+                       "`--disaggregation-mode prefill|decode`")
+CPU_DISAGGREGATION = Group("cpu disaggregation", Moment.SCHEDULER_START, "schedulers",
+                           "`--disaggregation-mode prefill|decode` with `--device cpu`")
 
 GROUPS = (EVERY_PROCESS, CPU_ENGINE, CPU_STANDIN, CHECKPOINT_COMPAT, CPU_DFLASH, DOMINO_ROLLOUT, B8_RESERVATION,
-          WORKER, STEP, RESOLVE, PLATFORM)
+          WORKER, STEP, RESOLVE, PLATFORM, DISAGGREGATION, CPU_DISAGGREGATION)
 
 
 @dataclass(frozen=True)
@@ -139,6 +143,13 @@ PATCHES: tuple[Patch, ...] = (
           "DFLASH allowed on CPU"),
     Patch("resolve_cpu", "handle_model_specific_adjustments", "cpu.resolve:resolve_mamba_on_cpu", Kind.RESOLUTION,
           EVERY_PROCESS, "extra_buffer refused on CPU with the settings that do serve"),
+    Patch("resolve_cpu_pd", "handle_pd_disaggregation", "cpu.disaggregation:resolve_pd_on_cpu", Kind.RESOLUTION,
+          EVERY_PROCESS, "a CPU decode server's retraction backup is cpu_tensor; host_pool (cudaHostRegister) "
+          "refused at start-up"),
+    Patch("pd_scheduler_start", f"{_S}.distributed.bootstrap.init_parallel_runtime",
+          "disaggregation:before_init_parallel_runtime", Kind.BEFORE, EVERY_PROCESS,
+          "installs the `disaggregation` groups in the schedulers of a PD server",
+          params=("server_args",)),
     # -- CPU engine processes, from the plugin entry point -------------------------------
     Patch("bind_threads", f"{_S}.distributed.bootstrap._bind_threads_if_cpu",
           "cpu.parallel:around_bind_threads", Kind.AROUND, CPU_ENGINE,
@@ -167,6 +178,20 @@ PATCHES: tuple[Patch, ...] = (
           "the accepted position's recurrent state committed after a verify; upstream's raises for CPU tensors",
           params=("mamba_caches", "state_indices_tensor", "last_correct_step_indices", "mamba_track_indices",
                   "mamba_steps_to_track", "src_indices_raw")),
+    # -- schedulers of a PD server, at scheduler start ------------------------------------
+    Patch("pd_draft_check", f"{_S}.disaggregation.decode.DecodePreallocQueue._init_receiver",
+          "disaggregation:around_init_receiver", Kind.AROUND, DISAGGREGATION,
+          "a decode server checks each prefill server's draft on first contact: warns, naming the fix, when "
+          "the prompt's draft context would not arrive or not fit; refuses the pair that would crash",
+          params=("decode_req",)),
+    Patch("pd_page_indices", f"{_S}.disaggregation.mooncake.conn.MooncakeKVSender.supports_host_tensor_indices",
+          "cpu.disaggregation:plain_page_indices", Kind.CALL, CPU_DISAGGREGATION,
+          "on CPU the prefill side's page indices go to the transfer thread as they are "
+          "(no pinned copy, no torch.cuda.Event)"),
+    Patch("pd_cached_prefix", f"{_S}.disaggregation.prefill.SchedulerDisaggregationPrefillMixin."
+          "maybe_send_cached_prefix_chunk", "cpu.disaggregation:around_send_cached_prefix", Kind.AROUND,
+          CPU_DISAGGREGATION, "on CPU a cached prefix is sent early without a torch.cuda.Event: the forward "
+          "that wrote it has returned", params=("req",)),
     # -- schedulers, from DominoDFlashWorker.__init__ ------------------------------------
     Patch("parse_draft_config", f"{_S}.speculative.dflash_utils.parse_dflash_draft_config",
           "compat:around_parse_dflash_draft_config", Kind.AROUND, CHECKPOINT_COMPAT,
@@ -290,6 +315,21 @@ DEPENDS: tuple[Dependency, ...] = (
                "a target layer is captured as the next layer's input: the last one never (checked at start-up)",
                params=("layer_ids",)),
     Dependency(f"{_S}.runtime_context.get_parallel", "the TP group (width broadcast, core split)"),
+    Dependency(f"{_S}.disaggregation.common.conn.CommonKVManager", "the PD draft check reads the prefill servers "
+               "it bootstrapped from; a refused request's reason", attributes=("kv_args", "prefill_info_table")),
+    Dependency(f"{_S}.disaggregation.common.conn.CommonKVManager.record_failure", "a refused request's reason",
+               params=("bootstrap_room", "failure_reason")),
+    Dependency(f"{_S}.disaggregation.common.conn.CommonKVReceiver.abort", "a refused request fails"),
+    Dependency(f"{_S}.disaggregation.decode.DecodePreallocQueue", "the decode queue's KV manager",
+               attributes=("kv_manager",)),
+    Dependency(f"{_S}.disaggregation.decode._bootstrap_addr", "a decode request's prefill server",
+               params=("req",)),
+    Dependency(f"{_S}.disaggregation.common.conn.PrefillServerInfo", "a prefill server's HTTP port",
+               attributes=("prefill_http_port",)),
+    Dependency(f"{_S}.utils.network.NetworkAddress", "the prefill server's URL from its bootstrap address",
+               attributes=("parse", "to_url")),
+    Dependency(f"{_S}.managers.scheduler.Scheduler", "the early prefix send on CPU runs with overlap off",
+               attributes=("enable_overlap",)),
 )
 
 

@@ -277,6 +277,22 @@ def test_resolution_refuses_extra_buffer_on_cpu_and_names_what_serves(sglang_tmp
     assert no_buffer["ok"] and no_radix["ok"]
 
 
+def test_resolution_of_a_cpu_decode_server_keeps_its_retraction_backup_in_host_memory(sglang_tmp, models):
+    """0.5.23 picks the `host_pool` retraction backup for a decode server, pinned with
+    cudaHostRegister: on CPU `cpu_tensor` is declared and an explicit `host_pool` refused."""
+    pd = ["--speculative-dflash-block-size", "16", "--disaggregation-mode"]
+    decode, prefill, host_pool = resolve(sglang_tmp, models, [
+        (models["domino"], [*pd, "decode"]),
+        (models["domino"], [*pd, "prefill"]),
+        (models["domino"], [*pd, "decode", "--disaggregation-decode-retraction-backup", "host_pool"]),
+    ])
+    assert decode["ok"] and decode["retraction_backup"] == "cpu_tensor"
+    assert prefill["ok"] and prefill["retraction_backup"] is None
+    assert not host_pool["ok"]
+    assert "--disaggregation-decode-retraction-backup host_pool is not available with --device cpu" in host_pool["error"]
+    assert "use --disaggregation-decode-retraction-backup cpu_tensor" in host_pool["error"]
+
+
 def test_upstream_hybrid_symbols_the_cpu_path_depends_on(sglang_tmp):
     r = run_probe("hybrid_upstream", sglang_tmp, argv=("sglang", "serve", "--device", "cpu"))
     assert r["conv"] and r["chunk"] and r["verify_kwargs"]

@@ -44,6 +44,8 @@ def test_register_installs_the_every_process_and_cpu_engine_rows_and_nothing_els
 def test_every_installable_row_is_live_once_its_group_is_installed(seam):
     groups = seam["groups"]
     assert groups["standin"] is True and groups["install_twice"] is False
+    # upstream's CUDA-only host-index path advertised, and turned off for a CPU PD server
+    assert groups["host_indices"] == [True, False]
     checked = {p.name for p in hooks.PATCHES if p.kind in hooks.HOOK_KINDS + (hooks.Kind.RESOLUTION,)}
     assert set(groups["after_all"]) == checked
     assert all(groups["after_all"].values()), {k: v for k, v in groups["after_all"].items() if not v}

@@ -38,7 +38,8 @@ def probe(params) -> list[dict]:
             result.append(dict(ok=True, num_draft_tokens=v.speculative_num_draft_tokens,
                                draft_backend=v.speculative_draft_attention_backend,
                                block=v.speculative_dflash_block_size,
-                               max_draft=max_speculative_num_draft_tokens(sa), **handed))
+                               max_draft=max_speculative_num_draft_tokens(sa),
+                               retraction_backup=v.disaggregation_decode_retraction_backup, **handed))
         except Exception as err:
             result.append(dict(ok=False, error=type(err).__name__ + ": " + str(err)))
     return result
