@@ -263,6 +263,33 @@ def test_compose_runs_the_model_card_command():
     assert cmd[-1] == "--trust-remote-code"
 
 
+def test_cpu_dockerfile_builds_on_the_local_base_and_serves_the_test_bed():
+    """docker/Dockerfile.cpu (built and run by hand: docs/docker.md) installs as the README
+    does, on the base docker/build-base.sh makes; its compose file puts the gateway in front
+    of two workers serving the test bed in the image."""
+    import yaml
+    from dockerfile_parse import DockerfileParser
+
+    with open(os.path.join(ROOT, "docker", "Dockerfile.cpu"), "rb") as fh:
+        parser = DockerfileParser(fileobj=fh)
+        assert parser.baseimage == "sglang-domino-base:bookworm" or parser.args.get("BASE") == \
+            "sglang-domino-base:bookworm"
+        runs = " ".join(i["value"] for i in parser.structure if i["instruction"] == "RUN")
+        assert "./scripts/install.sh" in runs
+        entry = json.loads([i["value"] for i in parser.structure if i["instruction"] == "ENTRYPOINT"][0])
+        assert entry[:2] == ["sglang", "serve"]
+    base = open(os.path.join(ROOT, "docker", "build-base.sh")).read()
+    assert "mmdebstrap" in base and "docker import" in base and "sglang-domino-base:bookworm" in base
+    compose = yaml.safe_load(open(os.path.join(ROOT, "docker", "compose.cpu.yaml")))["services"]
+    assert compose["gateway"]["entrypoint"][-2:] == ["smg", "launch"]
+    for name in ("worker-a", "worker-b"):
+        cmd = compose[name]["command"]
+        flags = dict(zip(cmd[::2], cmd[1::2]))
+        assert flags["--device"] == "cpu" and flags["--speculative-algorithm"] == "DFLASH"
+        for path in (flags["--model-path"], flags["--speculative-draft-model-path"]):
+            assert os.path.isfile(os.path.join(ROOT, path, "config.json")), path
+
+
 def test_gpu_check_script_smoke_runs_on_cpu():
     """The H200 check script at tiny sizes: every piece runs and agrees with its reference."""
     env = {**os.environ, "TRITON_INTERPRET": "1"}
