@@ -97,6 +97,16 @@ def _resolve_adaptive(server_args, cfg, hf_window: bool):
         raise ValueError(
             f"--speculative-adaptive with DFLASH needs the full draft cache: drop "
             f"--speculative-draft-window-size {cfg.speculative_draft_window_size}")
+    dp_attention = cfg.enable_dp_attention or int(getattr(cfg, "attn_dp_size", 1) or 1) > 1
+    if dp_attention or int(cfg.pp_size or 1) > 1:
+        # the chosen width is broadcast over the TP group's gloo group by rank 0: an idle
+        # DP-attention rank never joins (the next collective pairs with the wrong op), and
+        # each pipeline stage's rank 0 would choose on its own
+        used = "DP attention (--attn-dp-size / --enable-dp-attention)" if dp_attention else f"--pp-size {cfg.pp_size}"
+        raise ValueError(
+            f"--speculative-adaptive with DFLASH cannot be combined with {used}: every rank must verify at "
+            "the width the first TP rank chooses, which sglang-domino broadcasts over the TP group only. "
+            "Drop --speculative-adaptive (a fixed width: --speculative-num-draft-tokens) or " + used.split(" (")[0])
     settings = AdaptiveWidthConfig.load(cfg.speculative_adaptive_config)
     declare_resolution(server_args, SOURCE, speculative_adaptive=False)
     return settings

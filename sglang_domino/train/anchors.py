@@ -34,12 +34,18 @@ def valid_anchor_mask(loss_mask: torch.Tensor) -> torch.Tensor:
     return valid
 
 
+def anchor_scores(valid: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """[b, S] float: a uniform score per valid anchor, -1 elsewhere. Drawn from the
+    trainer's CPU generator (runs repeat on any device), then moved to `valid`'s device."""
+    scores = torch.rand(valid.shape, generator=generator).to(valid.device)
+    return scores.masked_fill(~valid, -1.0)
+
+
 def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, generator: torch.Generator) -> Anchors:
     """Up to `num_anchors` valid anchors per row, uniformly without replacement, sorted."""
     valid = valid_anchor_mask(loss_mask)
     n = max(1, min(num_anchors, int(valid.sum(1).max())))
-    scores = torch.rand(valid.shape, generator=generator)
-    scores = scores.masked_fill(~valid, -1.0)
+    scores = anchor_scores(valid, generator)
     top, idx = scores.topk(n, dim=1)
     keep = top >= 0
     idx = torch.where(keep, idx, torch.zeros_like(idx))

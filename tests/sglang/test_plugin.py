@@ -136,6 +136,14 @@ def test_resolution_of_the_adaptive_flag(sglang_tmp, models, tmp_path):
     (hf,) = resolve(sglang_tmp, models, [(models["domino"], ["--speculative-dflash-block-size", "16", flag])],
                     env={"SGLANG_DOMINO_HF_WINDOW": "1"})
     assert not hf["ok"] and "cannot be combined with SGLANG_DOMINO_HF_WINDOW=1" in hf["error"]
+    # the width goes from the first TP rank to the others: no rank may sit the step out
+    pp, dp = resolve(sglang_tmp, models, [
+        (models["domino"], ["--speculative-dflash-block-size", "16", flag, "--pp-size", "2"]),
+        (models["domino"], ["--speculative-dflash-block-size", "16", flag, "--enable-dp-attention", "--tp-size", "2",
+                            "--dp-size", "2", "--enable-dp-lm-head"]),
+    ], device="cuda")  # 0.5.23 itself refuses DFLASH with DP attention on CPU
+    assert not pp["ok"] and "--speculative-adaptive with DFLASH cannot be combined with --pp-size 2" in pp["error"]
+    assert not dp["ok"] and "cannot be combined with DP attention" in dp["error"], dp["error"]
 
 
 def test_disabled_plugin_gives_upstreams_cpu_refusal(sglang_tmp, models):

@@ -2,8 +2,8 @@
 
 import torch
 
-from sglang_domino.train.anchors import (Anchors, block_attention_mask, block_inputs, sample_anchors,
-                                         valid_anchor_mask)
+from sglang_domino.train.anchors import (Anchors, anchor_scores, block_attention_mask, block_inputs,
+                                         sample_anchors, valid_anchor_mask)
 
 
 def _loss_mask():
@@ -72,3 +72,23 @@ def test_mask_matches_a_loop_reference_full_and_sliding():
     for window in (None, 3):
         got = block_attention_mask(anchors, context_valid, block_size=4, sliding_window=window)
         assert torch.equal(got, _reference_mask(anchors, context_valid, 4, window)), window
+
+
+def test_anchor_scores_and_block_inputs_stay_on_the_batch_device():
+    """On a GPU the batch is on CUDA and the generator on the CPU: the scores (and the
+    anchors gathered from them) must follow the batch. Fake CUDA tensors raise on a
+    device mix as a GPU would."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    generator = torch.Generator().manual_seed(0)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        valid = torch.ones(2, 12, dtype=torch.bool, device="cuda")
+        scores = anchor_scores(valid, generator)
+        assert scores.device.type == "cuda"
+        top, idx = scores.topk(3, dim=1)
+        anchors = Anchors(idx, top >= 0)
+        ids, positions = block_inputs(torch.zeros(2, 12, dtype=torch.long, device="cuda"), anchors, 4, 9)
+        assert ids.device.type == positions.device.type == "cuda"
+    # the same draw as before the move: runs repeat whatever the device
+    cpu = anchor_scores(torch.ones(2, 12, dtype=torch.bool), torch.Generator().manual_seed(0))
+    assert torch.equal(cpu, torch.rand(2, 12, generator=torch.Generator().manual_seed(0)))
