@@ -315,6 +315,8 @@ DEPENDS: tuple[Dependency, ...] = (
                "a target layer is captured as the next layer's input: the last one never (checked at start-up)",
                params=("layer_ids",)),
     Dependency(f"{_S}.runtime_context.get_parallel", "the TP group (width broadcast, core split)"),
+    Dependency(f"{_S}.runtime_context.get_schedule",
+               "`disable_overlap_schedule`: with overlap on a device, adaptive step costs come from timing events"),
     Dependency(f"{_S}.disaggregation.common.conn.CommonKVManager", "the PD draft check reads the prefill servers "
                "it bootstrapped from; a refused request's reason", attributes=("kv_args", "prefill_info_table")),
     Dependency(f"{_S}.disaggregation.common.conn.CommonKVManager.record_failure", "a refused request's reason",

@@ -66,19 +66,47 @@ class WidthSwitch:
             worker._draft_sampler = sampler
 
 
-class StepClock:
-    """Seconds from one decode step's start to the next one's: what a step costs the
-    server (the worker's compute and the scheduler's own per-step work) on this machine.
-    A prefill or an idle gap in between breaks the chain: no sample. Under CUDA overlap
-    scheduling the interval is the steady-state step time, attributed to the step that
-    began it."""
+class StepTimer:
+    """What a decode step costs, per (batch size, width), for the adaptive policy.
 
-    def __init__(self):
+    Inline steps (CPU, or no overlap scheduling): a step runs while
+    `forward_batch_generation` runs, so the host time from one decode step's start to the
+    next one's is that step's cost to the server (the worker's compute and the
+    scheduler's own per-step work), charged to the step that began it (`lap`). A prefill
+    or an idle gap in between breaks the chain.
+
+    Overlap scheduling on a device: the scheduler launches step N, then waits for step
+    N-1's results, then launches N+1, so a host lap from launch N to launch N+1 measures
+    step N-1 (an isolated narrow probe would be charged the widest step's time, and the
+    step after it the probe's). There each step records timing events around its launch
+    on the current (forward) stream (`around_launch`), and their interval is read when
+    the step's accept counts reach the host (`elapsed`, from `on_verify_complete_cpu`):
+    the step's results were synchronised by then, so the read costs no sync; an event
+    not yet complete gives no sample rather than a wait."""
+
+    def __init__(self, events=None):
+        # events: a factory of timing events (`torch.cuda.Event(enable_timing=True)`);
+        # None: host laps
+        self.events = events
         self.started: Optional[float] = None
         self.key: Optional[tuple[int, int]] = None
 
+    @classmethod
+    def for_device(cls, device, overlap: bool) -> "StepTimer":
+        module = torch.get_device_module(torch.device(device).type) if torch.device(device).type != "cpu" else None
+        if overlap and module is not None and hasattr(module, "Event"):
+            return cls(events=lambda: module.Event(enable_timing=True))
+        return cls()
+
+    @property
+    def on_device(self) -> bool:
+        return self.events is not None
+
     def lap(self) -> Optional[tuple[int, int, float]]:
-        """A decode step starts now; (bs, width, seconds) of the previous one, if chained."""
+        """Inline: a decode step starts now; (bs, width, seconds) of the previous one, if
+        chained. On a device: None (see `elapsed`)."""
+        if self.on_device:
+            return None
         now = time.perf_counter()
         previous = (*self.key, now - self.started) if self.started is not None and self.key is not None else None
         self.started, self.key = now, None
@@ -89,6 +117,31 @@ class StepClock:
 
     def break_chain(self) -> None:
         self.started = self.key = None
+
+    @contextlib.contextmanager
+    def around_launch(self):
+        """On a device: yields a list that holds (start, end) events recorded on the
+        current stream around the step's launch; inline: an empty list."""
+        marks: list = []
+        if not self.on_device:
+            yield marks
+            return
+        start = self.events()
+        start.record()
+        yield marks
+        end = self.events()
+        end.record()
+        marks.extend((start, end))
+
+    @staticmethod
+    def elapsed(marks) -> Optional[float]:
+        """Seconds between a step's events, once both have completed; None otherwise."""
+        if not marks:
+            return None
+        start, end = marks
+        if not end.query():
+            return None
+        return start.elapsed_time(end) / 1000.0
 
 
 def broadcast_width(width: int) -> int:
@@ -103,4 +156,4 @@ def broadcast_width(width: int) -> int:
     return int(value.item())
 
 
-__all__ = ["StepClock", "WidthSwitch", "broadcast_width"]
+__all__ = ["StepTimer", "WidthSwitch", "broadcast_width"]

@@ -22,7 +22,7 @@ import collections
 import logging
 
 import torch
-from sglang.srt.runtime_context import get_spec
+from sglang.srt.runtime_context import get_schedule, get_spec
 from sglang.srt.speculative.dflash_worker_v2 import (
     SIMULATE_ACC_LEN,
     DFlashWorkerV2,
@@ -41,7 +41,7 @@ from .checks import check_draft_against_target, read_draft_config, read_target_c
 from .cpu import dflash as cpu_dflash
 from .draft_block import DraftBlockRunner, reserve_draft_block
 from .sampled_rollout import SampledStep, active_step, sampled_step
-from .width_switch import StepClock, WidthSwitch, broadcast_width
+from .width_switch import StepTimer, WidthSwitch, broadcast_width
 
 logger = logging.getLogger(__name__)
 
@@ -78,8 +78,9 @@ class DominoDFlashWorker(DFlashWorkerV2):
         self.width_policy = (AdaptiveWidth(adaptive.for_window(int(self.block_size))) if adaptive is not None
                              else FixedWidth(int(self.block_size)))
         self._widths = WidthSwitch(self)
-        self._clock = StepClock()
-        self._in_flight = collections.deque()  # (rids, width) of adaptive steps not yet processed
+        self._clock = StepTimer.for_device(self.device, overlap=not get_schedule().disable_overlap_schedule)
+        # (rids, width, timing events) of adaptive steps whose results are not processed yet
+        self._in_flight = collections.deque()
         if self._is_domino:
             # the eager rollout's feedback embedding; width-1 steps; the q rule's rollout
             hooks.install(hooks.DOMINO_ROLLOUT)
@@ -132,9 +133,9 @@ class DominoDFlashWorker(DFlashWorkerV2):
             return self._forward_with_q_rollout(batch, *args, **kwargs)
         rids = [req.rid for req in batch.reqs]
         width = self._choose_width(rids)
-        with self._widths.at(width):
+        with self._widths.at(width), self._clock.around_launch() as marks:
             result = self._forward_with_q_rollout(batch, *args, **kwargs)
-        self._in_flight.append((rids, width))
+        self._in_flight.append((rids, width, marks))
         return result
 
     @override
@@ -145,7 +146,10 @@ class DominoDFlashWorker(DFlashWorkerV2):
         super().on_verify_complete_cpu(num_correct_drafts_per_req, batch_size=batch_size)
         if not self._in_flight:
             return
-        rids, width = self._in_flight.popleft()
+        rids, width, marks = self._in_flight.popleft()
+        seconds = self._clock.elapsed(marks)
+        if seconds is not None:
+            self.width_policy.observe_cost(len(rids), width, seconds)
         if width > 1 and len(rids) == len(num_correct_drafts_per_req):
             # a width-1 step proposes nothing: no acceptance to learn from
             self.width_policy.observe_step(rids, width, num_correct_drafts_per_req)

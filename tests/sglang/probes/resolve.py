@@ -39,7 +39,8 @@ def probe(params) -> list[dict]:
                                draft_backend=v.speculative_draft_attention_backend,
                                block=v.speculative_dflash_block_size,
                                max_draft=max_speculative_num_draft_tokens(sa),
-                               retraction_backup=v.disaggregation_decode_retraction_backup, **handed))
+                               **({"retraction_backup": v.disaggregation_decode_retraction_backup}
+                                  if str(v.disaggregation_mode) != "null" else {}), **handed))
         except Exception as err:
             result.append(dict(ok=False, error=type(err).__name__ + ": " + str(err)))
     return result
