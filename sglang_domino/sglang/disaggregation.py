@@ -37,18 +37,6 @@ logger = logging.getLogger(__name__)
 CHECK_TIMEOUT_S = 10
 
 
-def before_init_parallel_runtime(*args, server_args=None, **kwargs):
-    """Scheduler start: the PD groups, when this server has a disaggregation mode."""
-    if server_args is None or str(server_args.disaggregation_mode) not in ("prefill", "decode"):
-        return
-    from . import hooks
-    from .cpu.platform import cpu_engine_on
-
-    hooks.install(hooks.DISAGGREGATION)
-    if cpu_engine_on():
-        hooks.install(hooks.CPU_DISAGGREGATION)
-
-
 def draft_of(settings: dict) -> str | None:
     """The draft that makes the prompt's draft context: its checkpoint's name for a
     DFLASH server (a directory's or repository's last component, so that the same

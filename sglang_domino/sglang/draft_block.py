@@ -12,9 +12,12 @@ on it. Three modes need another width (`DominoDFlashWorker` sets them up):
 from __future__ import annotations
 
 import copy
+import logging
 from types import SimpleNamespace
 
 import torch
+
+logger = logging.getLogger(__name__)
 
 
 class DraftBlockRunner:
@@ -122,3 +125,21 @@ def reserve_draft_block(extra: int) -> None:
 
     hooks.install(hooks.B8_RESERVATION)
     _reserve_extra = int(extra)
+
+
+# -- b8 on a hybrid target: per-position state buffers for the window ------------------------
+def around_init_mamba_pool(original, self, *args, speculative_num_draft_tokens=None, **kwargs):
+    """0.5.23 sizes a hybrid target's per-position recurrent-state and conv-window buffers
+    (`MambaPool`, one state per verified position and running request) with
+    `max_speculative_num_draft_tokens`, which this plugin raises to the draft block for
+    the draft's forward (`plugin.around_max_draft_tokens`). The target verifies only the
+    window, and 0.5.23's memory budget counts only the window's states
+    (`kv_cache_configurator`): the buffers are sized for the window."""
+    from sglang.srt.runtime_context import get_spec
+
+    window = get_spec().speculative_num_draft_tokens
+    if speculative_num_draft_tokens is not None and window is not None and speculative_num_draft_tokens > window:
+        logger.info("sglang-domino b8: per-position recurrent-state buffers for the %d verified positions "
+                    "(not the %d-token draft block)", int(window), int(speculative_num_draft_tokens))
+        speculative_num_draft_tokens = int(window)
+    return original(self, *args, speculative_num_draft_tokens=speculative_num_draft_tokens, **kwargs)

@@ -79,11 +79,13 @@ RESOLVE = Group("resolve", Moment.RESOLUTION, "main process", "as stated per row
 PLATFORM = Group("platform", Moment.PLATFORM_IMPORT, "every SGLang process", "`--device cpu`")
 DISAGGREGATION = Group("disaggregation", Moment.SCHEDULER_START, "schedulers",
                        "`--disaggregation-mode prefill|decode`")
+B8_STATE = Group("b8 state buffers", Moment.SCHEDULER_START, "schedulers",
+                 "DFLASH with a draft block wider than the verify window")
 CPU_DISAGGREGATION = Group("cpu disaggregation", Moment.SCHEDULER_START, "schedulers",
                            "`--disaggregation-mode prefill|decode` with `--device cpu`")
 
 GROUPS = (EVERY_PROCESS, CPU_ENGINE, CPU_STANDIN, CHECKPOINT_COMPAT, CPU_DFLASH, DOMINO_ROLLOUT, B8_RESERVATION,
-          WORKER, STEP, RESOLVE, PLATFORM, DISAGGREGATION, CPU_DISAGGREGATION)
+          WORKER, STEP, RESOLVE, PLATFORM, DISAGGREGATION, CPU_DISAGGREGATION, B8_STATE)
 
 
 @dataclass(frozen=True)
@@ -146,9 +148,10 @@ PATCHES: tuple[Patch, ...] = (
     Patch("resolve_cpu_pd", "handle_pd_disaggregation", "cpu.disaggregation:resolve_pd_on_cpu", Kind.RESOLUTION,
           EVERY_PROCESS, "a CPU decode server's retraction backup is cpu_tensor; host_pool (cudaHostRegister) "
           "refused at start-up"),
-    Patch("pd_scheduler_start", f"{_S}.distributed.bootstrap.init_parallel_runtime",
-          "disaggregation:before_init_parallel_runtime", Kind.BEFORE, EVERY_PROCESS,
-          "installs the `disaggregation` groups in the schedulers of a PD server",
+    Patch("scheduler_start_groups", f"{_S}.distributed.bootstrap.init_parallel_runtime",
+          "scheduler_start:before_init_parallel_runtime", Kind.BEFORE, EVERY_PROCESS,
+          "installs, before the pools are built, the `disaggregation` groups in a PD server's schedulers and "
+          "`b8 state buffers` when the draft block is wider than the window",
           params=("server_args",)),
     # -- CPU engine processes, from the plugin entry point -------------------------------
     Patch("bind_threads", f"{_S}.distributed.bootstrap._bind_threads_if_cpu",
@@ -192,6 +195,11 @@ PATCHES: tuple[Patch, ...] = (
           "maybe_send_cached_prefix_chunk", "cpu.disaggregation:around_send_cached_prefix", Kind.AROUND,
           CPU_DISAGGREGATION, "on CPU a cached prefix is sent early without a torch.cuda.Event: the forward "
           "that wrote it has returned", params=("req",)),
+    Patch("b8_state_buffers", f"{_S}.mem_cache.memory_pool.HybridReqToTokenPool._init_mamba_pool",
+          "draft_block:around_init_mamba_pool", Kind.AROUND, B8_STATE,
+          "a hybrid target's per-position recurrent-state buffers sized for the verify window (0.5.23 sizes "
+          "them with the draft block, which the plugin's max draft tokens report, and budgets the window)",
+          params=("speculative_num_draft_tokens",)),
     # -- schedulers, from DominoDFlashWorker.__init__ ------------------------------------
     Patch("parse_draft_config", f"{_S}.speculative.dflash_utils.parse_dflash_draft_config",
           "compat:around_parse_dflash_draft_config", Kind.AROUND, CHECKPOINT_COMPAT,

@@ -179,3 +179,19 @@ def test_tensor_parallel_hybrid_target_commits_the_accepted_prefix_state(start, 
         _check_known_acceptance(server, hybrid, one_at_a_time=False)
     finally:
         server.stop()
+
+
+def test_b8_verifies_the_window_with_state_buffers_for_the_window(start, hybrid):
+    """b8 (the 16-token draft block, 8 verified): the accepted prefix's state at every
+    acceptance length up to 7, and the per-position state buffers sized for the 8
+    verified positions (0.5.23 would size them for the draft block and budget 8)."""
+    server = _spec(start, hybrid, "constant", "--speculative-num-draft-tokens", "8")
+    try:
+        bodies = _generate_all_at_once(server, hybrid["prompts"])
+        for body, want in zip(bodies, hybrid["oracle"]):
+            assert body["output_ids"] == want[:MAX_TOKENS]
+            assert body["meta_info"]["spec_verify_ct"] == len(constant_draft_steps(want, MAX_TOKENS, window=8))
+        assert _used_tokens(server) == 0
+        assert "per-position recurrent-state buffers for the 8 verified positions (not the 16-token" in server.log()
+    finally:
+        server.stop()

@@ -91,15 +91,17 @@ def _install_every_group() -> dict:
     for group in (hooks.CHECKPOINT_COMPAT, hooks.CPU_DFLASH, hooks.DOMINO_ROLLOUT, hooks.B8_RESERVATION):
         hooks.install(group)
     again = hooks.install(hooks.CPU_DFLASH)
-    # a PD server's scheduler start on CPU (`disaggregation` and `cpu disaggregation`)
+    # a PD server's scheduler start on CPU (`disaggregation` and `cpu disaggregation`); b8
     from types import SimpleNamespace
 
     from sglang.srt.disaggregation.mooncake.conn import MooncakeKVSender
 
-    from sglang_domino.sglang import disaggregation
+    from sglang_domino.sglang import scheduler_start
 
     host_indices_before = MooncakeKVSender.supports_host_tensor_indices
-    disaggregation.before_init_parallel_runtime(server_args=SimpleNamespace(disaggregation_mode="prefill"))
+    scheduler_start.before_init_parallel_runtime(
+        server_args=SimpleNamespace(disaggregation_mode="prefill", speculative_num_draft_tokens=None))
+    hooks.install(hooks.B8_STATE)
     return dict(after_load=after_load, after_all=hooks.installed(), standin=standin, install_twice=again,
                 host_indices=[host_indices_before, MooncakeKVSender.supports_host_tensor_indices])
 
