@@ -238,10 +238,10 @@ PATCHES: tuple[Patch, ...] = (
           "draft_block:around_decode_alloc_lens", Kind.AROUND, B8_RESERVATION,
           "the decode KV reservation covers the whole draft block",
           params=("reqs", "reserve")),
-    Patch("verify_guard", f"{_S}.managers.tp_worker.TpModelWorker.forward_batch_generation",
-          "worker:VerifyWidthGuard", Kind.INSTANCE, WORKER,
-          "the target worker of a DominoDFlashWorker: verifies narrower than the home width run eagerly; "
-          "the first verify's width logged",
+    Patch("first_verify_log", f"{_S}.managers.tp_worker.TpModelWorker.forward_batch_generation",
+          "worker:FirstVerifyLog", Kind.INSTANCE, WORKER,
+          "the target worker of a DominoDFlashWorker: the first verify's width logged (what the target computed "
+          "per request); the batch is passed on unchanged",
           params=("forward_batch", "is_verify")),
     Patch("draft_block_runner", f"{_S}.model_executor.model_runner.ModelRunner.forward",
           "draft_block:DraftBlockRunner", Kind.INSTANCE, WORKER,

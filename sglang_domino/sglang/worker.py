@@ -91,7 +91,7 @@ class DominoDFlashWorker(DFlashWorkerV2):
             "sampled verify=%s", self.device, self.draft_block,
             f"adaptive {self.width_policy.widths}" if adaptive is not None else self.block_size, self._is_domino,
             "q rule (draft sampled from q, min(1, p/q))" if self.q_rule else "point mass")
-        VerifyWidthGuard(self).install()
+        FirstVerifyLog(self).install()
 
     def _resolve_draft_block(self, published, adaptive: bool) -> int:
         """`self.block_size` is the verify window, what the scheduler accounts in
@@ -277,29 +277,29 @@ class DominoDFlashWorker(DFlashWorkerV2):
         return super()._maybe_build_draft_sampler()
 
 
-class VerifyWidthGuard:
+class FirstVerifyLog:
     """Stands in for the target worker's `forward_batch_generation` on one
     `DominoDFlashWorker`: logs the width of the first verify (what the target computed per
-    request, for operators and for the end-to-end tests of b8); a verify narrower than the
-    home width runs eagerly, since the target's decode graphs are captured at the home
-    width and replay needs equal widths."""
+    request, for operators and for the end-to-end tests of b8). It changes nothing: a
+    verify narrower than the width the target's decode graphs were captured at runs
+    eagerly by 0.5.23's own width check (`DecodeCudaGraphRunner.can_run`), decided in
+    `prepare_for_verify` before this call. (`forward_batch.can_run_decode_cuda_graph`,
+    which an earlier version cleared here, is read only under DP attention, and clearing
+    it on a batch already loaded for replay would run it eagerly on stale metadata.)"""
 
     def __init__(self, worker: DominoDFlashWorker):
         self.worker = worker
         self.target = worker._target_worker
         self.forward = self.target.forward_batch_generation
-        self.home = int(worker.block_size)
         self.logged = False
 
-    def install(self) -> "VerifyWidthGuard":
+    def install(self) -> "FirstVerifyLog":
         self.target.forward_batch_generation = self
         return self
 
     def __call__(self, *args, **kwargs):
         forward_batch = kwargs.get("forward_batch")
         if kwargs.get("is_verify") and forward_batch is not None and int(forward_batch.batch_size) > 0:
-            if int(self.worker.block_size) != self.home:
-                forward_batch.can_run_decode_cuda_graph = False
             if not self.logged:
                 self.logged = True
                 logger.info("sglang-domino first verify: the target computed %d tokens for %d request(s)",
@@ -307,4 +307,4 @@ class VerifyWidthGuard:
         return self.forward(*args, **kwargs)
 
 
-__all__ = ["DominoDFlashWorker", "VerifyWidthGuard"]
+__all__ = ["DominoDFlashWorker", "FirstVerifyLog"]
