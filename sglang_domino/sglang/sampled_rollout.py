@@ -76,6 +76,11 @@ class SampledStep:
     q_rest: list = field(default_factory=list)    # n - 1 x [bs, K or V]
     q_draft: list = field(default_factory=list)   # n x [bs]: q_k at the drawn token
     rollout_coins: Optional[torch.Tensor] = None  # [bs, n], drawn once per rollout
+    # the batch's top-k bounds, known on the host (`DFlashDraftInputV2.prepare_for_decode`):
+    # without them upstream's `build_speculative_verify_target_probs` reads the largest
+    # top-k from the device, one host sync per proposal
+    max_top_k: Optional[int] = None
+    uniform_top_k_value: Optional[int] = None
 
     def to_probs(self, logits: torch.Tensor) -> torch.Tensor:
         """[bs, V] logits -> each request's distribution (temperature, top-k, top-p)."""
@@ -87,7 +92,8 @@ class SampledStep:
             return (logits.float() / info.temperatures).softmax(-1)
         return build_speculative_verify_target_probs(
             next_token_logits=logits.float(), sampling_info=self.sampling_info, draft_token_num=1,
-            bs=int(logits.shape[0]))[:, 0].float()
+            bs=int(logits.shape[0]), max_top_k=self.max_top_k,
+            uniform_top_k_value=self.uniform_top_k_value)[:, 0].float()
 
     def coins(self, first: int, count: int) -> torch.Tensor:
         seeds = getattr(self.sampling_info, "sampling_seed", None)

@@ -35,7 +35,7 @@ from sglang.srt.speculative.draft_worker_common import make_draft_block_spec_inf
 from typing_extensions import override
 
 from ..verify_width import AdaptiveWidth, FixedWidth
-from . import HF_WINDOW_ENV, hooks
+from . import HF_WINDOW_ENV, env_flag, hooks
 from . import settings as scheduler_settings
 from .checks import check_draft_against_target, read_draft_config, read_target_config
 from .cpu import dflash as cpu_dflash
@@ -43,6 +43,9 @@ from .draft_block import DraftBlockRunner, reserve_draft_block
 from .sampled_rollout import SampledStep, active_step, sampled_step
 from .width_switch import StepTimer, WidthSwitch, broadcast_width
 
+# SGLANG_DOMINO_CHECK_Q_RULE_BLOCK=1: each q-rule verify checks that the verified block is
+# the sampled rollout's proposals (a host sync per step; the e2e tests turn it on)
+CHECK_Q_RULE_BLOCK = env_flag("SGLANG_DOMINO_CHECK_Q_RULE_BLOCK")
 logger = logging.getLogger(__name__)
 
 
@@ -185,8 +188,11 @@ class DominoDFlashWorker(DFlashWorkerV2):
         if (not self.q_rule or batch.forward_mode.is_extend() or batch.is_extend_in_batch
                 or _is_all_greedy(batch.sampling_info)):
             return super().forward_batch_generation(batch, *args, **kwargs)
+        draft_input = batch.spec_info
         step = SampledStep(batch.sampling_info, batch.seq_lens,
-                           sync_tokens=lambda t: self._tp_sync.sync(SpecTpSyncSite.DFLASH_SELECTOR, t))
+                           sync_tokens=lambda t: self._tp_sync.sync(SpecTpSyncSite.DFLASH_SELECTOR, t),
+                           max_top_k=getattr(draft_input, "max_top_k", None),
+                           uniform_top_k_value=getattr(draft_input, "uniform_top_k_value", None))
         sampler, self._draft_sampler = self._draft_sampler, None
         try:
             with sampled_step(step):
@@ -234,7 +240,8 @@ class DominoDFlashWorker(DFlashWorkerV2):
         norm(max(0, p - q)), the bonus drawn from p (`SampledStep.accept`)."""
         bs, width = int(bs), int(candidates.shape[1])
         drafts = candidates[:, 1:].to(torch.int64)
-        if not torch.equal(drafts, step.tokens.to(drafts.device)):
+        if CHECK_Q_RULE_BLOCK and not torch.equal(drafts, step.tokens.to(drafts.device)):
+            # a host sync that waits for the verify: a debugging aid, off by default
             raise RuntimeError("sglang-domino: the verified block is not the sampled rollout's proposals")
         target_probs = self._target_probs(next_token_logits=next_token_logits, sampling_info=sampling_info,
                                           draft_input=draft_input, bs=bs, width=width)

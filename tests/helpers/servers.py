@@ -125,6 +125,8 @@ class ServerConfig:
 
 
 Q_RULE = ("--speculative-use-rejection-sampling",)
+# the q-rule servers check that every verified block is the sampled rollout's proposals
+Q_RULE_ENV = {"SGLANG_DOMINO_CHECK_Q_RULE_BLOCK": "1"}
 
 # The end-to-end matrix. The width-8 Domino server loads the legacy export of the same
 # draft (DominoDraftModel / causal_v5 / logit_head.*); the "_q" servers verify sampled
@@ -135,9 +137,9 @@ SPEC_CONFIGS = {config.name: config for config in [
     ServerConfig("dflash_w8", "dflash", 8),
     ServerConfig("domino_legacy_w8", "domino_legacy", 8),
     ServerConfig("domino_hf17", "domino", "hf", env={"SGLANG_DOMINO_HF_WINDOW": "1"}),
-    ServerConfig("domino_q", "domino", flags=Q_RULE),
-    ServerConfig("domino_q_w8", "domino", 8, flags=Q_RULE),
+    ServerConfig("domino_q", "domino", flags=Q_RULE, env=Q_RULE_ENV),
+    ServerConfig("domino_q_w8", "domino", 8, flags=Q_RULE, env=Q_RULE_ENV),
     ServerConfig("dflash_adaptive", "dflash", "adaptive"),
     ServerConfig("domino_adaptive", "domino", "adaptive"),
-    ServerConfig("domino_q_adaptive", "domino", "adaptive", flags=Q_RULE),
+    ServerConfig("domino_q_adaptive", "domino", "adaptive", flags=Q_RULE, env=Q_RULE_ENV),
 ]}

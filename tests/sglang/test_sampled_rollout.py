@@ -169,3 +169,25 @@ def test_rollout_hook_embeds_feedback_plainly_and_answers_a_one_slot_block(input
     assert torch.equal(got, want) and seen[-1] is not layer
     empty = around_domino_rollout(upstream, **{**kwargs, "draft_hidden": hidden[:, :1]})
     assert empty.shape == (BS, 0) and len(seen) == 1
+
+
+def test_top_k_probabilities_take_the_host_known_bound_and_do_not_sync():
+    """Qwen3's default sampling (top-k 20) applies top-k to nearly every sampled request:
+    without the batch's host-known largest top-k, 0.5.23's `build_speculative_verify_target_probs`
+    reads it from the device once per proposal (`.item()`, a host sync). Fake CUDA tensors
+    raise on such a read as a GPU stalls on it."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
+
+    from sglang_domino.sglang.sampled_rollout import SampledStep
+
+    with FakeTensorMode():
+        info = SimpleNamespace(temperatures=torch.full((BS, 1), 0.6, device="cuda"),
+                               top_ks=torch.full((BS,), 20, dtype=torch.int32, device="cuda"),
+                               top_ps=torch.full((BS,), 0.95, device="cuda"), need_top_k_sampling=True,
+                               need_top_p_sampling=False, sampling_seed=None)
+        logits = torch.randn(BS, V, device="cuda")
+        positions = torch.zeros(BS, dtype=torch.int64, device="cuda")
+        probs = SampledStep(info, positions, max_top_k=20, uniform_top_k_value=20).to_probs(logits)
+        assert probs.shape == (BS, V) and probs.device.type == "cuda"
+        with pytest.raises(DataDependentOutputException):
+            SampledStep(info, positions).to_probs(logits)
