@@ -93,8 +93,9 @@ class StepTimer:
 
     @classmethod
     def for_device(cls, device, overlap: bool) -> "StepTimer":
-        module = torch.get_device_module(torch.device(device).type) if torch.device(device).type != "cpu" else None
-        if overlap and module is not None and hasattr(module, "Event"):
+        kind = torch.device(device).type
+        module = torch.get_device_module(kind) if overlap and kind != "cpu" else None
+        if module is not None and hasattr(module, "Event"):
             return cls(events=lambda: module.Event(enable_timing=True))
         return cls()
 

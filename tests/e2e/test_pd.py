@@ -12,17 +12,14 @@ request with the fix named, and the prefill server lives on."""
 
 from __future__ import annotations
 
-import os
 import random
-import sys
 import threading
-import time
 
 import pytest
 
 from sglang_domino import launch
 from tests.e2e.client import HF_PROMPTS, check_streams_and_abort, generate_ids
-from tests.helpers.servers import BASE_ARGS, SPEC_CONFIGS, server_env
+from tests.helpers.servers import BASE_ARGS, SPEC_CONFIGS, start_gateway
 
 pytestmark = pytest.mark.sglang_e2e
 
@@ -60,34 +57,18 @@ def pd(models, start, sglang_tmp, single_counts):
     prefill_args, boot = _pd("prefill")
     prefill = start([*domino, *prefill_args], "pd-prefill")
     decode = start([*domino, *_pd("decode")[0], "--tp-size", "2"], "pd-decode-tp2")
-    port = launch.free_port()
-    cmd = [sys.executable, "-m", "smg", "launch", "--pd-disaggregation",
-           "--prefill", prefill.url, str(boot), "--decode", decode.url,
-           "--host", launch.HOST, "--port", str(port),
-           "--prometheus-host", launch.HOST, "--prometheus-port", str(launch.free_port())]
-    router = launch.start(cmd, port, os.path.join(sglang_tmp, f"pd-gateway-{port}.log"), timeout=120,
-                          env=server_env(sglang_tmp))
+    router = None
     try:
         model = prefill.get("/v1/models")["data"][0]["id"]
-        _wait_for_workers(router, model)
+        router = start_gateway(["--pd-disaggregation", "--prefill", prefill.url, str(boot), "--decode", decode.url],
+                               sglang_tmp, model, name="pd-gateway")
         yield dict(prefill=prefill, decode=decode, router=router, model=model, boot=boot)
     finally:
-        router.stop(grace=20)
+        if router is not None:
+            router.stop(grace=20)
         prefill.stop()
         decode.stop()
     assert not router.group() and not prefill.group() and not decode.group()
-
-
-def _wait_for_workers(router, model, timeout=120):
-    deadline = time.time() + timeout
-    while True:
-        try:
-            if any(m["id"] == model for m in router.get("/v1/models")["data"]):
-                return
-        except OSError:  # 503 until the workers are registered
-            pass
-        assert time.time() < deadline, router.log()[-3000:]
-        time.sleep(0.5)
 
 
 def test_pd_through_the_gateway_gives_the_plain_output_with_the_single_servers_verify_counts(

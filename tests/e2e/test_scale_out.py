@@ -7,14 +7,12 @@ serves 8 streams plus an abort with every KV slot back, and leaves no process be
 from __future__ import annotations
 
 import os
-import sys
-import time
 
 import pytest
 
 from sglang_domino import launch
 from tests.e2e.client import HF_PROMPTS, PROMPTS, check_streams_and_abort, completion, generate_ids
-from tests.helpers.servers import SPEC_CONFIGS, server_env
+from tests.helpers.servers import SPEC_CONFIGS, server_env, start_gateway
 
 pytestmark = pytest.mark.sglang_e2e
 
@@ -85,31 +83,18 @@ def gateway(models, start, sglang_tmp):
     """`smg launch` (round robin) in front of two Domino servers; yields (gateway, workers,
     the served model name, which the gateway routes by)."""
     workers = [start(_domino(models), f"gateway-worker{i}") for i in range(2)]
-    port = launch.free_port()
-    cmd = [sys.executable, "-m", "smg", "launch", "--worker-urls", *[w.url for w in workers],
-           "--policy", "round_robin", "--host", launch.HOST, "--port", str(port),
-           "--prometheus-host", launch.HOST, "--prometheus-port", str(launch.free_port())]
-    router = launch.start(cmd, port, os.path.join(sglang_tmp, f"gateway-{port}.log"), timeout=120,
-                          env=server_env(sglang_tmp))
+    router = None
     try:
         model = workers[0].get("/v1/models")["data"][0]["id"]
-        deadline = time.time() + 60
-        while not any(m["id"] == model for m in _models(router)):  # healthy before its workers register
-            assert time.time() < deadline, router.log()[-3000:]
-            time.sleep(0.5)
+        router = start_gateway(["--worker-urls", *[w.url for w in workers], "--policy", "round_robin"],
+                               sglang_tmp, model)
         yield router, workers, model
     finally:
-        router.stop(grace=20)
+        if router is not None:
+            router.stop(grace=20)
         for worker in workers:
             worker.stop()
     assert not router.group() and not any(w.group() for w in workers)
-
-
-def _models(router) -> list:
-    try:
-        return router.get("/v1/models")["data"]
-    except OSError:  # 503 until a worker is registered
-        return []
 
 
 def _prefills(server) -> int:

@@ -51,6 +51,31 @@ def start_server(args: list[str], tmp: str, name: str, module_entry: bool = Fals
     return launch.start(cmd, port, log_path, STARTUP_TIMEOUT, env=env or server_env(tmp), tail_lines=LOG_TAIL_LINES)
 
 
+def start_gateway(routing: list[str], tmp: str, model: str, name: str = "gateway") -> launch.Server:
+    """`python -m smg launch ROUTING` on HOST (its Prometheus port on HOST too), healthy and
+    routing `model`: the gateway answers /health before its workers are registered, so
+    this waits for /v1/models to list the model. Stopped (and RuntimeError) if it does not
+    within STARTUP_TIMEOUT."""
+    import sys
+    import time
+
+    port = launch.free_port()
+    cmd = [sys.executable, "-m", "smg", "launch", *routing, "--host", launch.HOST, "--port", str(port),
+           "--prometheus-host", launch.HOST, "--prometheus-port", str(launch.free_port())]
+    router = launch.start(cmd, port, os.path.join(tmp, f"{name}-{port}.log"), timeout=120, env=server_env(tmp))
+    deadline = time.time() + STARTUP_TIMEOUT
+    while True:
+        try:
+            if any(m["id"] == model for m in router.get("/v1/models")["data"]):
+                return router
+        except OSError:  # 503 until a worker is registered
+            pass
+        if time.time() > deadline:
+            router.stop(grace=20)
+            raise RuntimeError(f"the gateway never listed {model}: {launch.tail(router.log_path, LOG_TAIL_LINES)}")
+        time.sleep(0.5)
+
+
 def alive(pid: int) -> bool:
     """A running process (a zombie is not)."""
     import psutil
