@@ -25,15 +25,22 @@ every width on a loaded server.
 
 `FixedWidth` is the same interface for the fixed cases (the draft block, b8, the
 Transformers window).
+
+The policy runs on the scheduler's host thread every decode step, so its own cost is kept
+small at large batch: per-request counts are rows of two numpy arrays, and a step's
+requests are read (`choose`) and updated (`observe_step`) as one block of rows
+(`benchmarks/policy_cost.py` measures it).
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 DEFAULT_WIDTHS = (16, 8, 4, 2, 1)
@@ -47,6 +54,8 @@ class AdaptiveWidthConfig(BaseModel):
     widths: list[int] = Field(default_factory=lambda: list(DEFAULT_WIDTHS))
     prior_accept: float = Field(0.7, gt=0.0, lt=1.0)
     prior_weight: float = Field(4.0, ge=0.0)
+    # a request's counts decay once per step the request is verified in; the server's once
+    # per decode step, whatever the batch size (see `AcceptanceStats`)
     request_decay: float = Field(0.9, gt=0.0, le=1.0)
     server_decay: float = Field(0.99, gt=0.0, le=1.0)
     cost_ema: float = Field(0.3, gt=0.0, le=1.0)
@@ -92,50 +101,116 @@ class _Counts:
     """Decayed per-position counts: tried[k] (position k + 1 was verified after k accepted
     proposals) and accepted[k]."""
 
-    tried: list[float]
-    accepted: list[float]
+    tried: np.ndarray
+    accepted: np.ndarray
 
-    @classmethod
-    def empty(cls, positions: int) -> "_Counts":
-        return cls([0.0] * positions, [0.0] * positions)
 
-    def add(self, width: int, accepted: int, decay: float) -> None:
-        if width <= 1:  # nothing was proposed
-            return
-        for k in range(len(self.tried)):
-            self.tried[k] *= decay
-            self.accepted[k] *= decay
-        for k in range(min(accepted + 1, width - 1, len(self.tried))):
-            self.tried[k] += 1.0
-            if k < accepted:
-                self.accepted[k] += 1.0
+class _RequestView(Mapping):
+    """`AcceptanceStats.requests`: rid -> a copy of that request's counts (the rows move
+    when the arrays grow, so a view could go stale)."""
+
+    def __init__(self, stats: "AcceptanceStats"):
+        self._stats = stats
+
+    def __getitem__(self, rid: str) -> _Counts:
+        row = self._stats.rows[rid]
+        return _Counts(self._stats.tried[row].copy(), self._stats.accepted[row].copy())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._stats.rows)
+
+    def __len__(self) -> int:
+        return len(self._stats.rows)
 
 
 class AcceptanceStats:
-    """Per-request and server-wide per-position acceptance, from verify results."""
+    """Per-request and server-wide per-position acceptance, from verify results.
+
+    A request's counts are one row of `tried` and `accepted` (rows x positions), found by
+    `rows[rid]`; a step updates all its requests' rows at once. Each request's counts decay
+    by `request_decay` per verify of that request. The server's counts decay by
+    `server_decay` once per step (one `observe_batch`), then gain the step's sums over its
+    requests: a step is the time unit. (Decaying them once per request, as before, made
+    the server's memory shrink with the batch: at batch 256, 0.99 ** 256 = 0.08, it was
+    shorter than one step.) `observe` is a step of one request."""
 
     def __init__(self, max_width: int, cfg: AdaptiveWidthConfig):
         self.positions = max(int(max_width) - 1, 0)
         self.cfg = cfg
-        self.server = _Counts.empty(self.positions)
-        self.requests: dict[str, _Counts] = {}
-        self.last_seen: dict[str, int] = {}
+        self.server = _Counts(np.zeros(self.positions), np.zeros(self.positions))
+        self.tried = np.zeros((0, self.positions))
+        self.accepted = np.zeros((0, self.positions))
+        self.seen = np.zeros(0, dtype=np.int64)    # per row: the step its request was last verified
+        self.rows: dict[str, int] = {}
+        self.owner: list[Optional[str]] = []      # per row: its request, None when free
+        self.free: list[int] = []
         self.steps = 0
+        self._k = np.arange(self.positions)
+
+    @property
+    def requests(self) -> Mapping:
+        """rid -> `_Counts` (copies) of the requests with counts."""
+        return _RequestView(self)
 
     def observe(self, rid: str, width: int, accepted: int) -> None:
         """One verify of `rid` at `width` that accepted `accepted` proposals (bonus excluded)."""
-        counts = self.requests.setdefault(rid, _Counts.empty(self.positions))
-        counts.add(width, accepted, self.cfg.request_decay)
-        self.server.add(width, accepted, self.cfg.server_decay)
-        self.last_seen[rid] = self.steps
+        self.observe_batch([rid], width, [accepted])
+
+    def observe_batch(self, rids: Sequence[str], width: int, accepted: Sequence[int]) -> None:
+        """One step's verify at `width`: `accepted[i]` proposals of (distinct) `rids[i]`."""
+        rows = self._rows(rids, allocate=True)
+        self.seen[rows] = self.steps
+        if width <= 1 or not self.positions or not len(rows):  # nothing was proposed
+            return
+        # position k was verified when the k proposals before it were accepted, and
+        # accepted when the request accepted more than k; positions past the width unseen
+        acc = np.asarray(accepted, dtype=np.int64)[:, None]
+        tried = self._k < np.minimum(acc + 1, width - 1)
+        hit = self._k < np.minimum(acc, width - 1)
+        self.tried[rows] = self.tried[rows] * self.cfg.request_decay + tried
+        self.accepted[rows] = self.accepted[rows] * self.cfg.request_decay + hit
+        decay = self.cfg.server_decay
+        self.server.tried *= decay
+        self.server.tried += tried.sum(axis=0)
+        self.server.accepted *= decay
+        self.server.accepted += hit.sum(axis=0)
 
     def end_step(self, horizon: int = 64) -> None:
-        """Count a step; every `horizon` steps drop requests unseen for `horizon` steps
-        (finished or aborted: the worker is not told)."""
+        """Count a step; every `horizon` steps free the rows of requests unseen for
+        `horizon` steps (finished or aborted: the worker is not told) for new requests."""
         self.steps += 1
-        if self.steps % horizon == 0:
-            for rid in [r for r, seen in self.last_seen.items() if self.steps - seen > horizon]:
-                del self.requests[rid], self.last_seen[rid]
+        if self.steps % horizon or not self.rows:
+            return
+        live = np.fromiter(self.rows.values(), dtype=np.intp, count=len(self.rows))
+        stale = live[self.steps - self.seen[live] > horizon]
+        for row in stale.tolist():
+            del self.rows[self.owner[row]]
+            self.owner[row] = None
+        self.tried[stale] = 0.0
+        self.accepted[stale] = 0.0
+        self.free.extend(stale.tolist())
+
+    def _rows(self, rids: Sequence[str], allocate: bool = False) -> np.ndarray:
+        """The rows of `rids`: -1 for a request without counts, or (`allocate`) a new row."""
+        get = self.rows.get
+        rows = np.fromiter((get(r, -1) for r in rids), dtype=np.intp, count=len(rids))
+        if allocate and (rows < 0).any():
+            for i in np.flatnonzero(rows < 0).tolist():
+                rows[i] = self._new_row(rids[i])
+        return rows
+
+    def _new_row(self, rid: str) -> int:
+        if not self.free:  # double the arrays; freed rows are reused first
+            old = len(self.owner)
+            size = max(2 * old, 64)
+            pad = ((0, size - old), (0, 0))
+            self.tried, self.accepted = np.pad(self.tried, pad), np.pad(self.accepted, pad)
+            self.seen = np.pad(self.seen, (0, size - old))
+            self.owner.extend([None] * (size - old))
+            self.free.extend(range(size - 1, old - 1, -1))
+        row = self.free.pop()
+        self.rows[rid], self.owner[row] = row, rid
+        return row
 
     def server_rates(self) -> list[float]:
         """Per-position rates over all requests. Each position's prior (one pseudo-count) is
@@ -143,23 +218,39 @@ class AcceptanceStats:
         verify has reached yet (the server ran narrower) is expected to accept like the
         last one measured, so wider widths keep a fair estimate and get tried again."""
         out, prior = [], self.cfg.prior_accept
-        for t, a in zip(self.server.tried, self.server.accepted):
+        # a recurrence over 15 positions: plain floats are faster than numpy here
+        for t, a in zip(self.server.tried.tolist(), self.server.accepted.tolist()):
             prior = (a + prior) / (t + 1.0)
             out.append(prior)
         return out
 
+    def survivals(self, rids: Sequence[Optional[str]], server_rates: Optional[list[float]] = None) -> np.ndarray:
+        """S(k) for k = 1 .. max_width - 1 of each request, (len(rids), positions): each
+        position's rate is the request's own count shrunk towards the server's rate
+        (`prior_weight` pseudo-counts); a request without counts (or None) takes the
+        server's rates."""
+        rates = np.asarray(server_rates if server_rates is not None else self.server_rates(), dtype=float)
+        rows = self._rows(rids)
+        own = rows >= 0
+        all_own = bool(own.all())   # the usual case: no masking
+        if not all_own and not own.any():
+            return np.cumprod(np.broadcast_to(rates, (len(rids), self.positions)), axis=1)
+        mine = rows if all_own else rows[own]
+        tried, accepted = self.tried[mine], self.accepted[mine]
+        weight = self.cfg.prior_weight
+        if weight > 0:
+            mixed = (accepted + weight * rates) / (tried + weight)
+        else:  # no prior: a position the request never reached keeps the server's rate
+            mixed = np.where(tried > 0, accepted / np.where(tried > 0, tried, 1.0), rates)
+        if all_own:
+            return np.cumprod(mixed, axis=1)
+        base = np.broadcast_to(rates, (len(rids), self.positions)).copy()
+        base[own] = mixed
+        return np.cumprod(base, axis=1)
+
     def survival(self, rid: Optional[str], server_rates: Optional[list[float]] = None) -> list[float]:
         """S(k) for k = 1 .. max_width - 1: P(the first k proposals are all accepted)."""
-        rates = server_rates if server_rates is not None else self.server_rates()
-        own = self.requests.get(rid) if rid is not None else None
-        weight = self.cfg.prior_weight
-        out, s = [], 1.0
-        for k, base in enumerate(rates):
-            if own is not None and own.tried[k] + weight > 0:
-                base = (own.accepted[k] + weight * base) / (own.tried[k] + weight)
-            s *= base
-            out.append(s)
-        return out
+        return self.survivals([rid], server_rates)[0].tolist()
 
 
 class StepCosts:
@@ -207,11 +298,12 @@ class StepCosts:
         return best
 
 
-def choose_width(widths: Sequence[int], survivals: Sequence[Sequence[float]],
+def choose_width(widths: Sequence[int], survivals: "Sequence[Sequence[float]] | np.ndarray",
                  cost: "callable") -> tuple[int, dict[int, float]]:
     """The width maximising expected committed tokens per second for one batch.
 
-    `survivals[r][k - 1]` is request r's S(k); `cost(w)` the predicted seconds of the step
+    `survivals[r][k - 1]` is request r's S(k), one row per request (a list of lists or a
+    2-D array); `cost(w)` the predicted seconds of the step
     at width w, or None when w was never measured. An unmeasured width next to a measured
     one is priced by `_extrapolate`; one further away is not a candidate; with nothing
     measured the widest width is returned. Returns (width, {width: expected tokens/s})."""
@@ -219,10 +311,14 @@ def choose_width(widths: Sequence[int], survivals: Sequence[Sequence[float]],
     if not known:
         return max(widths), {}
     order = sorted(widths)
+    rows = np.asarray(survivals, dtype=float)
+    bs = len(rows)
     # expected tokens at width w: one per request plus the batch's S(1) + ... + S(w - 1)
-    cumulative = [0.0]
-    for k in range(max(widths) - 1):
-        cumulative.append(cumulative[-1] + sum(s[k] for s in survivals if k < len(s)))
+    per_position = np.zeros(max(widths) - 1)
+    if rows.ndim == 2:
+        summed = rows.sum(axis=0)[: per_position.size]
+        per_position[: summed.size] = summed
+    cumulative = [0.0] + np.cumsum(per_position).tolist()
     scores = {}
     for i, w in enumerate(order):
         price = known.get(w)
@@ -232,7 +328,7 @@ def choose_width(widths: Sequence[int], survivals: Sequence[Sequence[float]],
             if not any(n in known for n in order[max(i - 1, 0): i + 2]):
                 continue
             price = _extrapolate(known, w)
-        scores[w] = (len(survivals) + cumulative[w - 1]) / price
+        scores[w] = (bs + cumulative[w - 1]) / price
     best = max(scores.values())
     # ties (within float noise) go to the narrowest width
     width = min(w for w, v in scores.items() if v >= best * (1.0 - 1e-9))
@@ -306,8 +402,7 @@ class AdaptiveWidth:
         from a warm-up request the draft cannot predict) would never be corrected; nor
         would the cost of a width not run at this batch size."""
         bs = len(rids)
-        rates = self.stats.server_rates()
-        survivals = [self.stats.survival(r, rates) for r in rids]
+        survivals = self.stats.survivals(rids)
         width, self.last_scores = choose_width(self.widths, survivals, lambda w: self.costs.predict(bs, w))
         self.steps += 1
         probe = self._probe(width, bs)
@@ -343,8 +438,7 @@ class AdaptiveWidth:
 
     def observe_step(self, rids: Sequence[str], width: int, accepted: Sequence[int]) -> None:
         """The proposals each request of a step at `width` had accepted (bonus excluded)."""
-        for rid, a in zip(rids, accepted):
-            self.stats.observe(rid, width, int(a))
+        self.stats.observe_batch(rids, width, accepted)
         self.stats.end_step()
 
     def observe_cost(self, bs: int, width: int, seconds: float) -> None:

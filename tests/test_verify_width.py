@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 
+import numpy as np
 import pytest
 
 from sglang_domino.verify_width import (AcceptanceStats, AdaptiveWidth, AdaptiveWidthConfig, FixedWidth, StepCosts,
@@ -59,7 +60,7 @@ def test_acceptance_counts_only_the_positions_a_verify_saw():
     stats.observe("a", width=4, accepted=3)   # proposals 1..3 verified and accepted, 4+ unseen
     stats.observe("a", width=16, accepted=1)  # 1 accepted, 2 rejected, 3+ unseen
     own = stats.requests["a"]
-    assert own.tried[:4] == [2.0, 2.0, 1.0, 0.0] and own.accepted[:4] == [2.0, 1.0, 1.0, 0.0]
+    assert own.tried[:4].tolist() == [2.0, 2.0, 1.0, 0.0] and own.accepted[:4].tolist() == [2.0, 1.0, 1.0, 0.0]
     s = stats.survival("a")
     assert s[0] == pytest.approx(1.0) and s[1] == pytest.approx(0.5) and s[2] == pytest.approx(0.5)
     # an unseen position falls back to the server's rate, which a position nothing reached
@@ -68,7 +69,7 @@ def test_acceptance_counts_only_the_positions_a_verify_saw():
     assert rates[0] == pytest.approx((2 + cfg.prior_accept) / 3)
     assert rates[3] == rates[2] == rates[14] and s[3] == pytest.approx(0.5 * rates[3])
     stats.observe("b", width=1, accepted=0)   # a width-1 step proposes nothing
-    assert stats.requests["b"].tried == [0.0] * 15
+    assert stats.requests["b"].tried.tolist() == [0.0] * 15
 
 
 def test_new_requests_start_at_the_server_rates_and_move_to_their_own():
@@ -92,6 +93,116 @@ def test_stale_requests_are_forgotten():
         stats.observe("live", 16, 3)
         stats.end_step()
     assert "gone" not in stats.requests and "live" in stats.requests
+
+
+def reference_add(tried: list, accepted: list, width: int, a: int, decay: float) -> None:
+    """One verify added to per-position counts the straightforward way (a Python loop per
+    position), to hold the vectorised updates to."""
+    if width <= 1:
+        return
+    for k in range(len(tried)):
+        tried[k] *= decay
+        accepted[k] *= decay
+    for k in range(min(a + 1, width - 1, len(tried))):
+        tried[k] += 1.0
+        if k < a:
+            accepted[k] += 1.0
+
+
+def random_steps(rng: random.Random, rids: list, steps: int):
+    """(width, accepted per request) of `steps` steps with a random subset of `rids` each."""
+    for _ in range(steps):
+        width = rng.choice(WIDTHS)
+        batch = rng.sample(rids, rng.randint(1, len(rids)))
+        yield batch, width, [rng.randint(0, width - 1) for _ in batch]
+
+
+def test_a_batched_step_updates_each_request_as_its_own_verify():
+    cfg = AdaptiveWidthConfig()
+    batched, single = AcceptanceStats(16, cfg), AcceptanceStats(16, cfg)
+    rids = [f"r{i}" for i in range(12)]
+    reference = {r: ([0.0] * 15, [0.0] * 15) for r in rids}
+    for batch, width, accepted in random_steps(random.Random(1), rids, 200):
+        batched.observe_batch(batch, width, accepted)
+        batched.end_step()
+        for rid, a in zip(batch, accepted):
+            single.observe(rid, width, a)
+            reference_add(*reference[rid], width, a, cfg.request_decay)
+        single.end_step()
+    for rid in rids:
+        got = batched.requests[rid]
+        assert got.tried.tolist() == single.requests[rid].tried.tolist() == reference[rid][0]
+        assert got.accepted.tolist() == single.requests[rid].accepted.tolist() == reference[rid][1]
+        assert batched.survival(rid) == single.survival(rid, batched.server_rates())
+
+
+def test_the_server_counts_decay_once_per_step():
+    """A step is the time unit: the server's counts decay once per step and gain the sum of
+    the step's requests, whatever the batch size."""
+    cfg = AdaptiveWidthConfig(server_decay=0.9)
+    stats = AcceptanceStats(16, cfg)
+    server = ([0.0] * 15, [0.0] * 15)
+    for batch, width, accepted in random_steps(random.Random(2), [f"r{i}" for i in range(64)], 50):
+        stats.observe_batch(batch, width, accepted)
+        stats.end_step()
+        step = ([0.0] * 15, [0.0] * 15)
+        for a in accepted:
+            reference_add(*step, width, a, 1.0)
+        if width > 1:
+            server = tuple([cfg.server_decay * c + n for c, n in zip(old, new)] for old, new in zip(server, step))
+    assert stats.server.tried.tolist() == server[0] and stats.server.accepted.tolist() == server[1]
+
+
+def test_choose_at_batch_256_matches_a_per_request_reference():
+    cfg = AdaptiveWidthConfig(probe_every=0)   # no probes: the width is the argmax itself
+    policy = AdaptiveWidth(cfg)
+    rng, sim = random.Random(3), Simulated([], seed=3)
+    rates = {f"r{i}": rng.uniform(0.2, 0.98) for i in range(250)}
+    seen = list(rates)
+    for _ in range(40):
+        policy.observe_step(seen, 16, [sim.accepted(rates[r], 16) for r in seen])
+    rids = seen + [f"new{i}" for i in range(6)]   # six requests without counts yet
+    costs = {16: 3.0, 8: 1.9, 4: 1.35, 2: 1.1, 1: 1.0}
+    for w, c in costs.items():
+        policy.observe_cost(len(rids), w, c)
+    # the reference: each request's survival by the per-position formula, in plain Python
+    server = policy.stats.server_rates()
+    total = [0.0] * 15
+    for rid in rids:
+        own = policy.stats.requests.get(rid)
+        s = 1.0
+        for k, base in enumerate(server):
+            if own is not None:
+                base = (own.accepted[k] + cfg.prior_weight * base) / (own.tried[k] + cfg.prior_weight)
+            s *= base
+            total[k] += s
+    scores = {w: (len(rids) + sum(total[: w - 1])) / c for w, c in costs.items()}
+    width = policy.choose(rids)
+    assert width == max(scores, key=scores.get)
+    assert policy.last_scores == pytest.approx(scores, rel=1e-9)
+    assert 1 < width < 16   # a choice the survivals decide, not an end of the range
+    # choose_width takes the same survivals as a list of lists or as one array
+    survivals = policy.stats.survivals(rids)
+    assert choose_width(WIDTHS, survivals.tolist(), costs.get) == choose_width(WIDTHS, survivals, costs.get)
+
+
+def test_rows_of_finished_requests_are_reused():
+    stats = AcceptanceStats(16, AdaptiveWidthConfig())
+    sizes = []
+    for step in range(3000):
+        # eight requests at a time, each living 20 steps, then replaced by new ones
+        batch = [f"r{step // 20}-{i}" for i in range(8)]
+        stats.observe_batch(batch, 16, [3] * 8)
+        stats.end_step()
+        sizes.append(len(stats.owner))
+    # 1200 requests came and went; a request's row is freed at most 2 x 64 steps after its
+    # last step, so at most 9 generations of 8 hold rows, and the arrays stopped growing
+    assert len(stats.rows) <= 9 * 8 and sizes[999] == sizes[-1] <= 128
+    # a reused row starts clean: a new request's counts are its own verify alone
+    fresh = AcceptanceStats(16, AdaptiveWidthConfig())
+    fresh.observe("x", 16, 5)
+    stats.observe("x", 16, 5)
+    assert stats.requests["x"].tried.tolist() == fresh.requests["x"].tried.tolist()
 
 
 def test_step_costs_carry_width_ratios_to_other_batch_sizes():

@@ -6,7 +6,9 @@ on every use: the draft block buffers and positions, the draft hidden-state view
 `DFlashVerifyInput`, `DFlashWorkerV2._accept_block` and the result's stride. It sizes its
 step buffers from it once (`_ensure_draft_block_buffers`, `_ensure_accept_bonus_buffers`).
 A step at another width therefore runs upstream's body unchanged with that width-dependent
-state swapped in for the step (`WidthSwitch`). The scheduler takes each step's width from
+state swapped in for the step (`WidthSwitch`), and, where the target has decode graphs,
+the target's attention backend and verify graph runner of that width
+(`verify_graphs.VerifyGraphs`). The scheduler takes each step's width from
 the result (`GenerationBatchResult.speculative_num_draft_tokens`, read by
 `batch_result_processor._get_speculative_output_stride`), as it does for EAGLE's adaptive
 steps. The draft still runs on its whole block
@@ -41,13 +43,23 @@ class WidthSwitch:
         self.worker = worker
         self.home = int(worker.block_size)
         self.states: dict[int, dict] = {}
+        # the target's verify graph per width (`verify_graphs.VerifyGraphs`), set once the
+        # graphs are captured; None: every width verifies on the target as built
+        self.graphs = None
 
     @contextlib.contextmanager
     def at(self, width: int):
-        worker, width = self.worker, int(width)
+        width = int(width)
         if width == self.home:
             yield
             return
+        with self.graphs.at(width) if self.graphs is not None else contextlib.nullcontext():
+            with self._worker_state(width):
+                yield
+
+    @contextlib.contextmanager
+    def _worker_state(self, width: int):
+        worker = self.worker
         home_state = {name: getattr(worker, name) for name in WIDTH_STATE}
         state = self.states.get(width) or _fresh_state(width, worker.device)
         sampler = worker._draft_sampler

@@ -13,7 +13,8 @@ bookkeeping, is upstream's, run unchanged:
   * `_accept_block`: sampled requests verified exactly where 0.5.23 has no kernel, and
     with the q rule accepted with min(1, p/q) (`sampled_rollout`).
   * `init_cuda_graphs`, `_maybe_build_draft_sampler`, `_validate_phase1_sampling_support`:
-    the draft graph at the draft block; no greedy-fallback warning.
+    the draft graph at the draft block; with an adaptive width, the target's verify graphs
+    at every width (`verify_graphs.VerifyGraphs`); no greedy-fallback warning.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from .checks import check_draft_against_target, read_draft_config, read_target_c
 from .cpu import dflash as cpu_dflash
 from .draft_block import DraftBlockRunner, reserve_draft_block
 from .sampled_rollout import SampledStep, active_step, sampled_step
+from .verify_graphs import VerifyGraphs
 from .width_switch import StepTimer, WidthSwitch, broadcast_width
 
 # SGLANG_DOMINO_CHECK_Q_RULE_BLOCK=1: each q-rule verify checks that the verified block is
@@ -270,9 +272,22 @@ class DominoDFlashWorker(DFlashWorkerV2):
         # verify window; the draft batch is draft-block wide. Capture it under a scoped
         # override of that leaf, the way upstream captures EAGLE's adaptive widths.
         if int(self.draft_block) == int(self.block_size):
-            return super().init_cuda_graphs()
-        with get_spec().override(speculative_num_draft_tokens=int(self.draft_block)):
-            return super().init_cuda_graphs()
+            super().init_cuda_graphs()
+        else:
+            with get_spec().override(speculative_num_draft_tokens=int(self.draft_block)):
+                super().init_cuda_graphs()
+        # The target's verify graphs at every adaptive width (its home graphs were
+        # captured by the target worker, which the scheduler initialises first).
+        if len(self.width_policy.widths) > 1:
+            self._widths.graphs = VerifyGraphs.build(
+                self._target_worker.model_runner, int(self.block_size), self.width_policy.widths,
+                spec_override=lambda w: get_spec().override(speculative_num_draft_tokens=int(w)),
+                free_memory=None if self._on_cpu else self._free_memory_gb)
+
+    def _free_memory_gb(self) -> float:
+        from sglang.srt.utils.common import get_available_gpu_memory
+
+        return float(get_available_gpu_memory(self.device, self.gpu_id))
 
     @override
     def _maybe_build_draft_sampler(self):

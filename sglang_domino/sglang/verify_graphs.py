@@ -1,0 +1,136 @@
+"""One target verify graph per adaptive width (`--speculative-adaptive` on a device with
+decode graphs).
+
+0.5.23 captures the target's TARGET_VERIFY graphs once, at the verify window
+(`DecodeCudaGraphRunner.captured_req_width`), and `can_run_graph` refuses a batch of any
+other per-request width. A narrower adaptive step would therefore verify eagerly: a
+FlashInfer plan that reads its index arrays back to the host, then every layer's kernels
+launched from Python, which on a GPU costs more than the tokens the narrow width saves
+(`../shared/reference/gpu-path-review.md`, finding 1).
+
+`VerifyGraphs` builds, at start-up, one target attention backend and one graph runner of
+the home runner's own class per width of the adaptive set, each captured with the spec
+bag's `speculative_num_draft_tokens` scoped to that width (the way 0.5.23's EAGLE adaptive
+mode builds its per-step states, `EAGLEWorkerV2.build_adaptive_runtime_state`; DFLASH
+needs only the target side: the draft runs on its whole block at every width). `at(w)`
+installs width w's pair on the target model runner for one decode step and restores the
+home pair afterwards, also when the step raises. Upstream's code then decides replay
+exactly as it does at home (`prepare_for_verify` -> `can_run_graph`).
+
+Capture sizes: each width captures the batch sizes of the same decode graph config as
+home (`get_batch_sizes_to_capture` only drops sizes for alignment), so a narrower width
+needs at most max_bs x width rows of the process-wide logits buffer, fewer than home's
+max_bs x window: the buffer sized for home holds every width.
+
+Without a home decode graph (CPU, `--disable-cuda-graph`) nothing is built: every width
+verifies eagerly on the one backend, whose metadata is planned per batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class VerifyState:
+    """What the target model runner verifies a width with."""
+    width: int
+    attn_backend: Any
+    graph_runner: Any
+    seconds: float = 0.0      # capture time
+    gb: float = 0.0           # device memory the capture took, GB (0 when unknown)
+
+
+def home_graph_runner(model_runner) -> Optional[Any]:
+    """The target's decode graph runner, None when it has none (eager runner or no graph)."""
+    runner = getattr(model_runner, "decode_cuda_graph_runner", None)
+    if runner is None or runner is getattr(model_runner, "eager_runner", None):
+        return None
+    return runner
+
+
+class VerifyGraphs:
+    """Per-width (attention backend, verify graph runner) pairs of one target model runner."""
+
+    def __init__(self, model_runner, home: int, states: dict[int, VerifyState]):
+        self.model_runner = model_runner
+        self.home = int(home)
+        self.states = states
+
+    @classmethod
+    def build(cls, model_runner, home: int, widths: Sequence[int], *,
+              spec_override: Callable[[int], contextlib.AbstractContextManager],
+              free_memory: Optional[Callable[[], float]] = None) -> Optional["VerifyGraphs"]:
+        """Capture every width of `widths` other than `home`; None without a home graph.
+
+        `spec_override(w)`: a scope in which the spec bag's `speculative_num_draft_tokens`
+        is w (attention backends size their verify buffers from it); `free_memory()`: free
+        device memory in GB, for the capture's cost in the log."""
+        home_runner = home_graph_runner(model_runner)
+        if home_runner is None:
+            return None
+        states = {int(home): VerifyState(int(home), model_runner.attn_backend, home_runner)}
+        runner_cls = type(home_runner)
+        steps = getattr(home_runner, "speculative_num_steps", None)
+        for width in sorted({int(w) for w in widths} - {int(home)}, reverse=True):
+            states[width] = cls._capture(model_runner, runner_cls, width, steps, spec_override, free_memory)
+        graphs = cls(model_runner, home, states)
+        logger.info("sglang-domino adaptive verify graphs: %s", graphs.describe())
+        return graphs
+
+    @staticmethod
+    def _capture(model_runner, runner_cls, width: int, steps, spec_override, free_memory) -> VerifyState:
+        before = free_memory() if free_memory else 0.0
+        tic = time.perf_counter()
+        with spec_override(width):
+            # A backend of its own: its verify buffers are planned for this width, and a
+            # graph keeps pointers into the workspace it was captured with.
+            saved = getattr(model_runner, "init_new_workspace", False)
+            try:
+                backend = model_runner._get_attention_backend(init_new_workspace=True)
+            finally:
+                model_runner.init_new_workspace = saved
+            runner = runner_cls(model_runner, attn_backend=backend, speculative_num_steps=steps,
+                                speculative_num_draft_tokens=width)
+        used = (before - free_memory()) if free_memory else 0.0
+        return VerifyState(width, backend, runner, time.perf_counter() - tic, max(used, 0.0))
+
+    @property
+    def widths(self) -> list[int]:
+        return sorted(self.states, reverse=True)
+
+    @contextlib.contextmanager
+    def at(self, width: int):
+        """Width `width`'s backend and graph runner on the target model runner for one step."""
+        width = int(width)
+        state = self.states.get(width)
+        if state is None:
+            raise KeyError(f"sglang-domino: no verify graph captured at width {width}; "
+                           f"captured: {self.widths}")
+        runner = self.model_runner
+        home = self.states[self.home]
+        runner.attn_backend, runner.decode_cuda_graph_runner = state.attn_backend, state.graph_runner
+        try:
+            yield state
+        finally:
+            runner.attn_backend, runner.decode_cuda_graph_runner = home.attn_backend, home.graph_runner
+
+    def describe(self) -> str:
+        parts = []
+        for w in self.widths:
+            s = self.states[w]
+            if w == self.home:
+                parts.append(f"{w}: home")
+            else:
+                mem = f", {s.gb:.2f} GB" if s.gb else ""
+                parts.append(f"{w}: {s.seconds:.1f} s{mem}")
+        return "captured by width {" + ", ".join(parts) + "}"
+
+
+__all__ = ["VerifyGraphs", "VerifyState", "home_graph_runner"]
