@@ -12,19 +12,40 @@ and agrees with its reference, and prints timings:
      inverse CDF, then kernel vs reference time; a block / num_warps sweep;
   2. the draft backbone: block of 16 over a cached context, batch 1 / 8 / 32;
   3. proposals at full vocabulary: DFlash argmax and the Domino rollout, greedy and sampled;
-  4. the speculative-sampling accept rule at full vocabulary.
-Needs torch, triton and pydantic (carry pydantic's wheels where it is missing). Meant
-to finish well under 10 minutes on one H200. On CPU (--small; section 1 at V=512, K=64,
-batch 1 / 8) the kernel runs under TRITON_INTERPRET=1 (set here when triton is not
-imported yet; its times mean nothing).
+  4. the speculative-sampling accept rule at full vocabulary;
+  5. the plugin's per-step draft tails in CUDA graphs, batch 1 / 8 / 32, n=15, pool K=2048:
+     the greedy Domino rollout and the q rule's sampled rollout over a block's hidden
+     states (the plugin's `base_logits`, `candidate_pool`, `UpstreamDominoHead` and
+     `SampledStep.pick`, with `to_probs` injected: Qwen3's T 0.6 / top-k 20 / top-p 0.95
+     through `sglang_domino.sampling.to_probs`), and the chain-accept kernel on the pool
+     layout. Each is captured (`torch.cuda.graph`, after a warm-up on a side stream: a
+     host sync inside raises), its static inputs refilled with a fresh case, replayed and
+     compared with an eager call on the same inputs (tokens exactly, q allclose); one eager
+     call runs under `torch.cuda.set_sync_debug_mode("error")` (the op that syncs is
+     named); then the median replay and eager times. Randomness: the proposals' coins are
+     pre-drawn uniforms in a static buffer (refilled before a replay, as a server stages
+     its inputs), so a replay draws exactly what the eager call does; the graph holds no
+     RNG op. On CPU there are no graphs: the stand-in calls the function again on the
+     same static buffers ("(CPU: no graph captured)"), and no sync check runs.
+Needs torch, triton and pydantic (carry pydantic's wheels where it is missing); never
+imports sglang. Estimate on one H200 (not yet measured): sections 1-4 about 2 minutes
+(Triton compiles, 9 sweep variants, CUDA init and ~2.5 GB of random weights), section 5
+under a minute (9 captures, 2 x 20 timed calls each: the eager sampled rollout is ~600
+launches, ~5-10 ms); with Python start-up well under 4 minutes in all, inside the lent
+8. On CPU (--small; section 1 at V=512, K=64, batch 1 / 8) the kernel runs under
+TRITON_INTERPRET=1 (set here when triton is not imported yet; its times mean nothing).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
+import traceback
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 import torch
 
@@ -32,13 +53,16 @@ from sglang_domino.accept import Uniforms, accept_probs, accept_sampled
 from sglang_domino.config import DraftConfig
 from sglang_domino.model import DraftModel
 from sglang_domino.rollout import propose_dflash, propose_domino
-from sglang_domino.sampling import SamplingParams
+from sglang_domino.sampling import SamplingParams, to_probs
+# imports nothing from sglang at module level (its `to_probs` and GRU cell are lazy)
+from sglang_domino.sglang.sampled_rollout import SampledStep, UpstreamDominoHead, base_logits, candidate_pool
 
 # Qwen3-8B Domino b16 (algorithm reference, section 1.1 / 2.2).
 REAL = dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=5, num_attention_heads=32,
-            num_key_value_heads=8, head_dim=128, vocab_size=151936, num_target_layers=36, gru=1024, emb=256, ctx=1024)
+            num_key_value_heads=8, head_dim=128, vocab_size=151936, num_target_layers=36, gru=1024, emb=256, ctx=1024,
+            pool=2048)
 SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=16, vocab_size=512, num_target_layers=4, gru=32, emb=16, ctx=64)
+             num_key_value_heads=2, head_dim=16, vocab_size=512, num_target_layers=4, gru=32, emb=16, ctx=64, pool=64)
 
 
 def draft_config(s: dict) -> DraftConfig:
@@ -118,17 +142,26 @@ def inverse_cdf_gap(case: dict, accepted: torch.Tensor, token: torch.Tensor) -> 
     return ((lo - thr).clamp_min(0) + (thr - hi).clamp_min(0)) / total
 
 
-def check_chain_kernel(args, device: torch.device) -> int:
-    """Section 1: equality against the reference per batch size and draft layout, then
-    times (the reference gets the dense q, built outside the timing)."""
+def kernel_runnable(device: torch.device) -> tuple[bool, bool, str]:
+    """(runnable, interpreted, why not). Triton has no CPU backend: on CPU the kernel runs
+    under TRITON_INTERPRET=1, set here when triton is not imported yet."""
     if "triton" not in sys.modules and device.type == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"
     if device.type == "cpu" and not interpreted:
-        print("[kernel] chain_accept skipped: triton was imported without TRITON_INTERPRET=1 (no CPU backend)")
-        return 0
+        return False, False, "triton was imported without TRITON_INTERPRET=1 (no CPU backend)"
     if device.type == "cuda" and interpreted:
         raise SystemExit("TRITON_INTERPRET=1 on a CUDA machine: unset it to time the compiled kernel")
+    return True, interpreted, ""
+
+
+def check_chain_kernel(args, device: torch.device) -> int:
+    """Section 1: equality against the reference per batch size and draft layout, then
+    times (the reference gets the dense q, built outside the timing)."""
+    runnable, interpreted, why = kernel_runnable(device)
+    if not runnable:
+        print(f"[kernel] chain_accept skipped: {why}")
+        return 0
     from sglang_domino.kernels.chain_accept import DEFAULT_BLOCK, accept_chain
 
     n, V, K = 15, (512 if args.small else 151936), (64 if args.small else 2048)
@@ -190,6 +223,318 @@ def timed(fn, device: torch.device, repeats: int) -> tuple[float, object]:
     return (time.perf_counter() - t0) / repeats * 1e3, out
 
 
+def build_modules(cfg: DraftConfig, device: torch.device, dtype: torch.dtype, pool_size: int) -> "DraftModules":
+    with torch.device(device):
+        draft = DraftModel(cfg).to(dtype).eval()
+        embed = torch.nn.Embedding(cfg.vocab_size, cfg.hidden_size).to(dtype)
+        lm_head = torch.nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False).to(dtype)
+    return DraftModules(draft, embed, lm_head, pool_size)
+
+
+def check_draft_path(args, sizes: dict, cfg: DraftConfig, mods: "DraftModules", device: torch.device,
+                     dtype: torch.dtype) -> int:
+    """Sections 2-4: backbone, proposals and the sampled accept rule, timed; the accept
+    rule's results range-checked."""
+    draft, embed, lm_head = mods.draft, mods.embed, mods.lm_head
+    h, v, block = cfg.hidden_size, cfg.vocab_size, cfg.block_size
+    k = len(cfg.target_layer_ids)
+    sampled = SamplingParams(temperature=1.0, top_p=0.95)
+    failures = 0
+    for bs in (1, 8, 32):
+        feats = torch.randn(bs, sizes["ctx"], k * h, device=device, dtype=dtype)
+        ctx = draft.context_kv(feats, torch.arange(sizes["ctx"], device=device).expand(bs, -1))
+        pos = torch.arange(sizes["ctx"], sizes["ctx"] + block, device=device).expand(bs, -1)
+        masks = {"full_attention": torch.ones(bs, 1, block, sizes["ctx"] + block, dtype=torch.bool, device=device)}
+        noise = embed(torch.full((bs, block), v - 1, device=device))
+        ms, hidden = timed(lambda: draft(noise, pos, ctx, masks), device, args.repeats)
+        print(f"[draft]  backbone bs={bs:<3} ctx={sizes['ctx']}  {ms:8.3f} ms")
+        base = lm_head(hidden[:, :block - 1])
+        bonus = torch.randint(0, v, (bs,), device=device)
+        ms, _ = timed(lambda: propose_dflash(base, SamplingParams()), device, args.repeats)
+        print(f"[rollout] dflash greedy bs={bs:<3}          {ms:8.3f} ms")
+        for name, params in (("greedy", SamplingParams()), ("sampled", sampled)):
+            ms, prop = timed(lambda: propose_domino(hidden[:, :block - 1], base, bonus, embed, draft, params), device,
+                             max(1, args.repeats // 4))
+            print(f"[rollout] domino {name:<7} bs={bs:<3}      {ms:8.3f} ms")
+        target_logits = torch.randn(bs, block, v, device=device, dtype=torch.float32)
+        ms, (acc, nxt) = timed(lambda: accept_sampled(prop.tokens, prop.probs, target_logits, sampled), device,
+                               args.repeats)
+        ok = bool(((acc >= 0) & (acc <= block - 1)).all()) and bool(((nxt >= 0) & (nxt < v)).all())
+        failures += not ok
+        print(f"[accept] sampled bs={bs:<3}             {ms:8.3f} ms  sane={ok}")
+    return failures
+
+
+# -- 5. The plugin's per-step draft tails in CUDA graphs ----------------------------------
+
+# Qwen3's generation_config, the default of every request that sets nothing (SGLang's
+# `--sampling-defaults model`): the sampled tail's q is drawn under it.
+QWEN3_SAMPLING = SamplingParams(temperature=0.6, top_p=0.95, top_k=20)
+NOT_CHECKED = "not checked (CPU)"
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclass
+class DraftModules:
+    """The draft (its Domino head: `prefix_gru`, `embed_proj`), the target's embedding and
+    lm_head, and the candidate pool size the plugin's rollouts use (upstream's default 2048)."""
+    draft: DraftModel
+    embed: torch.nn.Embedding
+    lm_head: torch.nn.Linear
+    pool_size: int
+
+    @property
+    def vocab(self) -> int:
+        return self.lm_head.weight.shape[0]
+
+
+class SglangFreeHead(UpstreamDominoHead):
+    """The plugin's Domino head for both rollouts (`UpstreamDominoHead`: full-vocab fc2, -inf
+    off the candidate pool), its feedback step taken from `DraftModel.gru_step`: upstream's
+    `_domino_gru_cell` is the same aten.gru_cell on the same bias-free weights, but importing
+    it imports sglang, which the GPU check machine cannot install."""
+
+    def __init__(self, draft: DraftModel, pool_ids: Optional[torch.Tensor], vocab: int):
+        super().__init__(draft.prefix_gru, draft.embed_proj, pool_ids, vocab)
+        self.draft = draft
+
+    def gru_step(self, embed: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        return self.draft.gru_step(embed, state)
+
+
+def greedy_rollout(mods: DraftModules, hidden: torch.Tensor, bonus: torch.Tensor) -> tuple[torch.Tensor]:
+    """The greedy per-step tail over a block's hidden states [bs, B, H]: the plugin's base
+    logits (`sampled_rollout.base_logits`, shifted labels) and candidate pool, then
+    `propose_domino` by argmax, as upstream's in-graph `domino_greedy_rollout` proposes
+    (held token for token by tests/sglang/test_sampled_rollout_injected.py)."""
+    z, base = base_logits(draft_hidden=hidden, lm_head_weight=mods.lm_head.weight, vocab_size=mods.vocab,
+                          shift_label=True)
+    head = SglangFreeHead(mods.draft, candidate_pool(base, mods.vocab, mods.pool_size), mods.vocab)
+    return (propose_domino(z, base, bonus, mods.embed, head, SamplingParams()).tokens,)
+
+
+def sampled_rollout(mods: DraftModules, hidden: torch.Tensor, bonus: torch.Tensor, coins: torch.Tensor,
+                    to_probs: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """The q rule's per-step tail: `domino_sampled_rollout` without sglang: the same base
+    logits, pool and `SampledStep.pick`, with `to_probs` injected and the coins [bs, n]
+    given (a static buffer, so a replay draws what the eager call draws). Returns tokens
+    [bs, n], q at them [bs, n], q_0 [bs, V] and q on the pool [bs, n-1, K]."""
+    z, base = base_logits(draft_hidden=hidden, lm_head_weight=mods.lm_head.weight, vocab_size=mods.vocab,
+                          shift_label=True)
+    pool = candidate_pool(base, mods.vocab, mods.pool_size)
+    # positions key only the seeded coins, and the coins are given
+    step = SampledStep(None, bonus, pool_ids=pool, rollout_coins=coins, probs_fn=to_probs)
+    head = SglangFreeHead(mods.draft, pool, mods.vocab)
+    tokens = propose_domino(z, base, bonus, mods.embed, head, step.pick).tokens
+    return tokens, torch.stack(step.q_draft, dim=1), step.q_first, torch.stack(step.q_rest, dim=1)
+
+
+@dataclass
+class Tail:
+    """One per-step tail: `run()` reads only the static `inputs` and returns its outputs;
+    `draw()` gives a fresh case of the same shapes, copied in before a replay."""
+    name: str
+    run: Callable[[], tuple]
+    inputs: dict
+    draw: Callable[[], dict]
+    outputs: tuple[str, ...]           # the names of what `run` returns
+
+
+def rollout_case(mods: DraftModules, bs: int, gen: torch.Generator) -> dict:
+    """A block's hidden states, the bonus token and the proposals' coins (pre-drawn
+    uniforms: capture-safe, and the replay uses exactly the eager call's)."""
+    device, dtype = mods.lm_head.weight.device, mods.lm_head.weight.dtype
+    block, n = mods.draft.config.block_size, mods.draft.config.block_size - 1
+    hidden = torch.randn(bs, block, mods.lm_head.weight.shape[1], generator=gen, device=device).to(dtype)
+    return dict(hidden=hidden, bonus=torch.randint(0, mods.vocab, (bs,), generator=gen, device=device),
+                coins=torch.rand(bs, n, generator=gen, device=device))
+
+
+def greedy_tail(mods: DraftModules, bs: int, gen: torch.Generator) -> Tail:
+    inputs = rollout_case(mods, bs, gen)
+    return Tail("domino greedy", lambda: greedy_rollout(mods, inputs["hidden"], inputs["bonus"]), inputs,
+                lambda: rollout_case(mods, bs, gen), ("tokens",))
+
+
+def sampled_tail(mods: DraftModules, bs: int, gen: torch.Generator,
+                 params: SamplingParams = QWEN3_SAMPLING) -> Tail:
+    inputs = rollout_case(mods, bs, gen)
+    probs = lambda logits: to_probs(logits, params)  # noqa: E731
+    return Tail("domino sampled", lambda: sampled_rollout(mods, inputs["hidden"], inputs["bonus"], inputs["coins"],
+                                                           probs), inputs, lambda: rollout_case(mods, bs, gen),
+                ("tokens", "q_draft", "q_first", "q_rest"))
+
+
+def chain_tail(bs: int, n: int, V: int, K: int, block: int, device: torch.device, gen: torch.Generator) -> Tail:
+    """The chain-accept kernel on the sparse q (pool layout). It clobbers its target probs,
+    so each call copies p into a scratch first (in the graph too: both timings include
+    that copy)."""
+    from sglang_domino.kernels.chain_accept import accept_chain
+
+    def draw() -> dict:
+        c = chain_case(bs, n, V, K, "pool", device, gen)
+        return dict(drafts=c["drafts"], q_draft=c["q_draft"], q_first=c["q_first"], pool_ids=c["pool_ids"],
+                    q_rest=c["q_rest"], p=c["p"], u_steps=c["u"].steps.contiguous(), u_final=c["u"].final.contiguous())
+
+    inputs = draw()
+
+    def run() -> tuple[torch.Tensor, torch.Tensor]:
+        i = inputs
+        return accept_chain(i["drafts"], i["q_draft"], i["q_first"], i["pool_ids"], i["q_rest"], i["p"].clone(),
+                            Uniforms(i["u_steps"], i["u_final"]), block=block)
+
+    return Tail(f"chain_accept K={K}", run, inputs, draw, ("accepted", "next"))
+
+
+def warm_up(fn: Callable[[], tuple]) -> None:
+    """Eager calls on a side stream before capture (Triton compiles, cuBLAS handles, the
+    allocator's pools), as `torch.cuda.graph` asks."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+
+
+def capture(fn: Callable[[], tuple], device: torch.device) -> tuple[Callable[[], None], Callable[[], tuple]]:
+    """(replay, outputs). CUDA: one call of `fn` captured in a graph (a host sync inside
+    raises here) and its static outputs. CPU, where there are no graphs: the stand-in,
+    whose replay calls `fn` again on the same static buffers."""
+    if device.type != "cuda":
+        held = [fn()]
+
+        def rerun() -> None:
+            held[0] = fn()
+        return rerun, lambda: held[0]
+    warm_up(fn)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph.replay, lambda: out
+
+
+def first_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+
+
+def sync_point(exc: BaseException) -> str:
+    """Where a host sync was raised: the innermost traceback frame in this repository."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    ours = [f for f in frames if f.filename.startswith(REPO_ROOT) and "/.venv/" not in f.filename] or frames
+    f = ours[-1]
+    return f"{os.path.relpath(f.filename, REPO_ROOT)}:{f.lineno} `{(f.line or '').strip()}`"
+
+
+def check_sync_free(fn: Callable[[], tuple], device: torch.device) -> str:
+    """One eager call under `torch.cuda.set_sync_debug_mode("error")`, which raises at any
+    op that waits for the device: 'none' or where it raised."""
+    if device.type != "cuda":
+        return NOT_CHECKED
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        fn()
+    except RuntimeError as exc:
+        return f"RAISED at {sync_point(exc)}: {first_line(exc)}"
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    return "none"
+
+
+def refill(tail: Tail) -> None:
+    for name, fresh in tail.draw().items():
+        tail.inputs[name].copy_(fresh)
+
+
+def compare(replayed: tuple, eager: tuple, names: tuple[str, ...]) -> tuple[bool, str]:
+    """Integer outputs (tokens, acceptance) exactly, probabilities allclose; names the
+    outputs that differ."""
+    differ, worst = [], 0.0
+    for name, a, b in zip(names, replayed, eager):
+        if a.dtype.is_floating_point:
+            gap = float((a.float() - b.float()).abs().max()) if a.numel() else 0.0
+            worst = max(worst, gap)
+            if not torch.allclose(a, b, rtol=1e-4, atol=1e-6):
+                differ.append(f"{name} (max|diff| {gap:.0e})")
+        elif not torch.equal(a, b):
+            differ.append(f"{name} ({int((a != b).sum())} of {a.numel()})")
+    if differ:
+        return False, "DIFFER: " + ", ".join(differ)
+    probs = f", q max|diff| {worst:.0e}" if any(t.dtype.is_floating_point for t in eager) else ""
+    return True, f"{'/'.join(n for n, t in zip(names, eager) if not t.dtype.is_floating_point)} equal{probs}"
+
+
+def median_ms(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
+    """Median wall time of one call, the device drained before and after (an eager tail
+    is launch bound: its host time is the point)."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    times = []
+    for _ in range(max(1, repeats)):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+@torch.inference_mode()
+def check_tail(tail: Tail, bs: int, device: torch.device, repeats: int) -> bool:
+    """Capture, refill the static inputs, replay, then the eager call on the same inputs:
+    equal outputs; the eager call's host syncs; graph replay against eager time."""
+    label = f"[graph] {tail.name:<19} bs={bs:<3}"
+    try:
+        replay, outputs = capture(tail.run, device)
+    except Exception as exc:  # reported, counted, and the next tail still runs
+        print(f"{label} capture FAILED at {sync_point(exc)}: {first_line(exc)}")
+        return False
+    sync = check_sync_free(tail.run, device)
+    refill(tail)
+    replay()
+    replayed = tuple(t.clone() for t in outputs())
+    ok, detail = compare(replayed, tail.run(), tail.outputs)
+    ok &= sync in ("none", NOT_CHECKED)
+    ms_graph = median_ms(replay, device, repeats)
+    ms_eager = median_ms(tail.run, device, repeats)
+    if device.type == "cuda":
+        mode, speedup = "captured", f"  (eager/replay {ms_eager / max(ms_graph, 1e-9):.1f}x)"
+    else:
+        mode, speedup = "(CPU: no graph captured)", ""
+    print(f"{label} {mode}  replay==eager: {detail}  host syncs: {sync}  "
+          f"replay {ms_graph:8.3f} ms  eager {ms_eager:8.3f} ms{speedup}  ok={ok}")
+    return ok
+
+
+def check_graph_tails(args, mods: DraftModules, device: torch.device) -> int:
+    """Section 5: the greedy rollout, the sampled (q rule) rollout and the chain-accept
+    kernel, each captured at batch 1 / 8 / 32 (on CPU the stand-in)."""
+    kernel_ok, interpreted, why = kernel_runnable(device)
+    if kernel_ok:
+        from sglang_domino.kernels.chain_accept import DEFAULT_BLOCK
+
+        block = 128 if interpreted else DEFAULT_BLOCK      # section 1's tiles
+    n, V, K = mods.draft.config.block_size - 1, mods.vocab, mods.pool_size
+    gen = torch.Generator(device=device).manual_seed(5)
+    where = ("CUDA graphs" if device.type == "cuda"
+             else "(CPU: no graph captured; the replay stand-in calls the function again on the same buffers)")
+    print(f"[graph] per-step draft tails in {where}; n={n} V={V} pool K={K}, sampled under "
+          f"T={QWEN3_SAMPLING.temperature} top-k={QWEN3_SAMPLING.top_k} top-p={QWEN3_SAMPLING.top_p}, "
+          f"coins pre-drawn into a static buffer")
+    failures = 0
+    for bs in (1, 8, 32):
+        tails = [greedy_tail(mods, bs, gen), sampled_tail(mods, bs, gen)]
+        # interpreted, each request's program runs in Python: stop at 8 as section 1 does
+        if kernel_ok and not (interpreted and bs > 8):
+            tails.append(chain_tail(bs, n, V, K, block, device, gen))
+        elif not kernel_ok and bs == 1:
+            print(f"[graph] chain_accept skipped: {why}")
+        for tail in tails:
+            failures += not check_tail(tail, bs, device, args.repeats)
+        del tails
+    return failures
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--small", action="store_true", help="tiny sizes (CPU smoke run)")
@@ -202,44 +547,19 @@ def main(argv=None) -> int:
         raise SystemExit("no CUDA device: real sizes need a GPU (use --small for a CPU smoke run)")
     torch.manual_seed(0)
     cfg = draft_config(sizes)
-    h, v, block = cfg.hidden_size, cfg.vocab_size, cfg.block_size
     print(f"device {device} ({torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}), {dtype}, "
-          f"H={h} V={v} layers={cfg.num_hidden_layers} block={block}")
+          f"H={cfg.hidden_size} V={cfg.vocab_size} layers={cfg.num_hidden_layers} block={cfg.block_size}")
     failures = 0
 
     # 1. The chain-accept Triton kernel against `accept_probs` (on the densified q).
     failures += check_chain_kernel(args, device)
 
-    # 2-4. Draft model, proposals, accept rule.
-    with torch.device(device):
-        draft = DraftModel(cfg).to(dtype).eval()
-        embed = torch.nn.Embedding(v, h).to(dtype)
-        lm_head = torch.nn.Linear(h, v, bias=False).to(dtype)
-    k = len(cfg.target_layer_ids)
-    sampled = SamplingParams(temperature=1.0, top_p=0.95)
+    mods = build_modules(cfg, device, dtype, sizes["pool"])
     with torch.inference_mode():
-        for bs in (1, 8, 32):
-            feats = torch.randn(bs, sizes["ctx"], k * h, device=device, dtype=dtype)
-            ctx = draft.context_kv(feats, torch.arange(sizes["ctx"], device=device).expand(bs, -1))
-            pos = torch.arange(sizes["ctx"], sizes["ctx"] + block, device=device).expand(bs, -1)
-            masks = {"full_attention": torch.ones(bs, 1, block, sizes["ctx"] + block, dtype=torch.bool, device=device)}
-            noise = embed(torch.full((bs, block), v - 1, device=device))
-            ms, hidden = timed(lambda: draft(noise, pos, ctx, masks), device, args.repeats)
-            print(f"[draft]  backbone bs={bs:<3} ctx={sizes['ctx']}  {ms:8.3f} ms")
-            base = lm_head(hidden[:, :block - 1])
-            bonus = torch.randint(0, v, (bs,), device=device)
-            ms, _ = timed(lambda: propose_dflash(base, SamplingParams()), device, args.repeats)
-            print(f"[rollout] dflash greedy bs={bs:<3}          {ms:8.3f} ms")
-            for name, params in (("greedy", SamplingParams()), ("sampled", sampled)):
-                ms, prop = timed(lambda: propose_domino(hidden[:, :block - 1], base, bonus, embed, draft, params), device,
-                                 max(1, args.repeats // 4))
-                print(f"[rollout] domino {name:<7} bs={bs:<3}      {ms:8.3f} ms")
-            target_logits = torch.randn(bs, block, v, device=device, dtype=torch.float32)
-            ms, (acc, nxt) = timed(lambda: accept_sampled(prop.tokens, prop.probs, target_logits, sampled), device,
-                                   args.repeats)
-            ok = bool(((acc >= 0) & (acc <= block - 1)).all()) and bool(((nxt >= 0) & (nxt < v)).all())
-            failures += not ok
-            print(f"[accept] sampled bs={bs:<3}             {ms:8.3f} ms  sane={ok}")
+        # 2-4. Draft model, proposals, accept rule.
+        failures += check_draft_path(args, sizes, cfg, mods, device, dtype)
+        # 5. The plugin's per-step tails, captured and replayed.
+        failures += check_graph_tails(args, mods, device)
     print("PASS" if not failures else f"FAIL ({failures} checks)")
     return 1 if failures else 0
 

@@ -249,7 +249,8 @@ PATCHES: tuple[Patch, ...] = (
           params=("forward_batch",)),
     # -- schedulers, every decode step ----------------------------------------------------
     Patch("width_state", f"{_W2}.DFlashWorkerV2", "width_switch:WidthSwitch", Kind.STEP_STATE, STEP,
-          "--speculative-adaptive: upstream's step runs unchanged at the chosen width",
+          "--speculative-adaptive: upstream's step runs unchanged at the chosen width; the in-graph "
+          "sampler's block-wide proposals read at that width (`draft_tail.FirstProposals`)",
           attributes=("block_size", "speculative_num_draft_tokens", "_draft_sampler", *WIDTH_STATE)),
     Patch("verify_graphs", f"{_S}.model_executor.model_runner.ModelRunner", "verify_graphs:VerifyGraphs",
           Kind.STEP_STATE, STEP, "--speculative-adaptive with target decode graphs: the target verifies a step at "
@@ -298,7 +299,8 @@ DEPENDS: tuple[Dependency, ...] = (
     Dependency(f"{_W2}.DFlashWorkerV2.forward_batch_generation", "the whole step, run unchanged"),
     Dependency(f"{_W2}.DFlashWorkerV2._accept_block", "overridden: exact sampled verify without the CUDA kernel"),
     Dependency(f"{_W2}.DFlashWorkerV2.init_cuda_graphs", "overridden: the draft graph at the draft block"),
-    Dependency(f"{_W2}.DFlashWorkerV2._maybe_build_draft_sampler", "overridden: no in-graph sampler off the window"),
+    Dependency(f"{_W2}.DFlashWorkerV2._maybe_build_draft_sampler",
+               "overridden: b8's sampler built at the draft block; none for the Transformers window"),
     Dependency(f"{_W2}.DFlashWorkerV2._validate_phase1_sampling_support", "overridden: no greedy-fallback warning"),
     Dependency(f"{_S}.speculative.base_spec_worker.BaseSpecWorker.on_verify_complete_cpu",
                "overridden: acceptance counts on the host feed the adaptive policy",
@@ -306,6 +308,12 @@ DEPENDS: tuple[Dependency, ...] = (
     Dependency(f"{_S}.managers.utils.GenerationBatchResult",
                "each adaptive step returns its own width as the result's stride",
                attributes=("speculative_num_draft_tokens",)),
+    Dependency(f"{_W2}._DominoDraftSampler", "the greedy Domino rollout in the draft graph, built at the draft "
+               "block; narrower steps read its first width - 1 proposals", attributes=("out", "block_size")),
+    Dependency(f"{_W2}._DflashDraftSampler", "DFlash's in-graph argmax, read alike", attributes=("out", "block_size")),
+    Dependency(f"{_S}.speculative.draft_worker_common.make_draft_sampler_capture_hook",
+               "captures the sampler the builder returns (b8: the block-wide sampler behind the window's view)",
+               params=("draft_sampler",)),
     Dependency(f"{_W2}._commit_accept", "a sampled verify's committed tokens"),
     Dependency(f"{_W2}._is_all_greedy", "which steps take the sampled paths"),
     Dependency(f"{_W2}.is_dflash_sampling_verify_available", "where upstream has its sampled-verify kernel"),

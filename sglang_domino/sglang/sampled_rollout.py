@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -81,9 +81,14 @@ class SampledStep:
     # top-k from the device, one host sync per proposal
     max_top_k: Optional[int] = None
     uniform_top_k_value: Optional[int] = None
+    # an injected [bs, V] logits -> q transform in place of upstream's (which needs sglang
+    # and `sampling_info`): the sglang-free GPU check (`benchmarks/gpu_check.py`) and tests
+    probs_fn: Optional[Callable[[torch.Tensor], torch.Tensor]] = None
 
     def to_probs(self, logits: torch.Tensor) -> torch.Tensor:
         """[bs, V] logits -> each request's distribution (temperature, top-k, top-p)."""
+        if self.probs_fn is not None:
+            return self.probs_fn(logits)
         from sglang.srt.speculative.dflash_utils import build_speculative_verify_target_probs
 
         info = self.sampling_info
@@ -176,18 +181,23 @@ def base_logits(*, draft_hidden, lm_head_weight, vocab_size, shift_label, tp_gro
     return z, gathered.T[:, :int(vocab_size)].reshape(bs, n, int(vocab_size))
 
 
+def candidate_pool(base: torch.Tensor, vocab: int, pool_size: int) -> Optional[torch.Tensor]:
+    """Upstream's block-shared pool over base logits [bs, n, V]: the top-K ids of the max
+    over proposals 1..n-1 ([bs, K], unordered); None (the whole vocabulary) when the pool
+    size is 0 or covers it, or when there is only one proposal."""
+    if int(base.shape[1]) > 1 and 0 < pool_size < vocab:
+        return torch.topk(base[:, 1:].amax(dim=1), k=pool_size, dim=-1, sorted=False).indices
+    return None
+
+
 def domino_sampled_rollout(step: SampledStep, **rollout_args) -> torch.Tensor:
     """Same arguments and result ([bs, n] proposals) as upstream's `domino_greedy_rollout`;
     records the proposals and q on `step`."""
     z, base = base_logits(**rollout_args)
-    vocab, pool_size = int(rollout_args["vocab_size"]), int(rollout_args["candidate_pool_size"])
-    n = int(z.shape[1])
-    pool = None
-    if n > 1 and 0 < pool_size < vocab:
-        # upstream's block-shared pool: top-K ids of max over proposals 1..n-1 of the base
-        pool = torch.topk(base[:, 1:].amax(dim=1), k=pool_size, dim=-1, sorted=False).indices
+    vocab = int(rollout_args["vocab_size"])
+    pool = candidate_pool(base, vocab, int(rollout_args["candidate_pool_size"]))
     step.pool_ids = pool
-    step.rollout_coins = step.coins(0, n)
+    step.rollout_coins = step.coins(0, int(z.shape[1]))
     head = UpstreamDominoHead(rollout_args["prefix_gru"], rollout_args["embed_proj"], pool, vocab)
     tokens = propose_domino(z, base, rollout_args["bonus_tokens"], rollout_args["target_embedding"], head,
                             step.pick).tokens

@@ -23,6 +23,7 @@ from typing import Optional
 
 import torch
 
+from . import draft_tail
 from .hooks import WIDTH_STATE
 
 
@@ -66,8 +67,9 @@ class WidthSwitch:
         for name, value in state.items():
             setattr(worker, name, value)
         worker.block_size = worker.speculative_num_draft_tokens = width
-        # the in-graph samplers' output (`_draft_sampler.out`) is read as `home` wide
-        worker._draft_sampler = None
+        # the in-graph sampler's proposals (`_draft_sampler.out`) are block-wide: the step
+        # reads their first width - 1 (`draft_tail`); None where they cannot be cut
+        worker._draft_sampler = draft_tail.at_width(sampler, width)
         try:
             yield
         finally:

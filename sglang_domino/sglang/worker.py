@@ -13,7 +13,8 @@ bookkeeping, is upstream's, run unchanged:
   * `_accept_block`: sampled requests verified exactly where 0.5.23 has no kernel, and
     with the q rule accepted with min(1, p/q) (`sampled_rollout`).
   * `init_cuda_graphs`, `_maybe_build_draft_sampler`, `_validate_phase1_sampling_support`:
-    the draft graph at the draft block; with an adaptive width, the target's verify graphs
+    the draft graph and its in-graph sampler at the draft block (b8 reads its first
+    window - 1 proposals, `draft_tail`); with an adaptive width, the target's verify graphs
     at every width (`verify_graphs.VerifyGraphs`); no greedy-fallback warning.
 """
 
@@ -36,7 +37,7 @@ from sglang.srt.speculative.draft_worker_common import make_draft_block_spec_inf
 from typing_extensions import override
 
 from ..verify_width import AdaptiveWidth, FixedWidth
-from . import HF_WINDOW_ENV, env_flag, hooks
+from . import HF_WINDOW_ENV, draft_tail, env_flag, hooks
 from . import settings as scheduler_settings
 from .checks import check_draft_against_target, read_draft_config, read_target_config
 from .cpu import dflash as cpu_dflash
@@ -291,12 +292,22 @@ class DominoDFlashWorker(DFlashWorkerV2):
 
     @override
     def _maybe_build_draft_sampler(self):
-        # The in-graph Domino/greedy samplers read the draft graph's output as window-wide;
-        # a draft block of another width runs the eager rollout on the hidden states
-        # `DraftBlockRunner` hands back.
-        if int(getattr(self, "draft_block", self.block_size)) != int(self.block_size):
+        # The in-graph sampler proposes from the draft graph's block. b8 (block wider than
+        # the window): built at the block, read at the window (`draft_tail`: the block's
+        # first window - 1 proposals). The Transformers window (block + 1 verified) needs
+        # one proposal more than a block sampler makes: the eager rollout runs on the
+        # hidden states `DraftBlockRunner` hands back.
+        window, block = int(self.block_size), int(getattr(self, "draft_block", self.block_size))
+        if block == window:
+            return super()._maybe_build_draft_sampler()
+        if block < window:
             return None
-        return super()._maybe_build_draft_sampler()
+        self.block_size = block
+        try:
+            sampler = super()._maybe_build_draft_sampler()
+        finally:
+            self.block_size = window
+        return draft_tail.at_width(sampler, window)
 
 
 class FirstVerifyLog:
