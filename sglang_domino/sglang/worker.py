@@ -15,7 +15,8 @@ bookkeeping, is upstream's, run unchanged:
   * `init_cuda_graphs`, `_maybe_build_draft_sampler`, `_validate_phase1_sampling_support`:
     the draft graph and its in-graph sampler at the draft block (b8 reads its first
     window - 1 proposals, `draft_tail`); with an adaptive width, the target's verify graphs
-    at every width (`verify_graphs.VerifyGraphs`); no greedy-fallback warning.
+    at every width (`verify_graphs.VerifyGraphs`); the step's Triton kernels compiled at
+    every width (`warmup`); no greedy-fallback warning.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from sglang.srt.speculative.draft_worker_common import make_draft_block_spec_inf
 from typing_extensions import override
 
 from ..verify_width import AdaptiveWidth, FixedWidth
-from . import HF_WINDOW_ENV, draft_tail, env_flag, hooks
+from . import HF_WINDOW_ENV, draft_tail, env_flag, hooks, warmup
 from . import settings as scheduler_settings
 from .checks import check_draft_against_target, read_draft_config, read_target_config
 from .cpu import dflash as cpu_dflash
@@ -284,6 +285,10 @@ class DominoDFlashWorker(DFlashWorkerV2):
                 self._target_worker.model_runner, int(self.block_size), self.width_policy.widths,
                 spec_override=lambda w: get_spec().override(speculative_num_draft_tokens=int(w)),
                 free_memory=None if self._on_cpu else self._free_memory_gb)
+        # the step's Triton kernels at every width, before the first request
+        if not self._on_cpu:
+            warmup.warm_step_kernels(self, self.width_policy.widths,
+                                     q_rule=self.q_rule and torch.device(self.device).type == "cuda")
 
     def _free_memory_gb(self) -> float:
         from sglang.srt.utils.common import get_available_gpu_memory

@@ -1,0 +1,96 @@
+"""Every Triton kernel of a DFLASH decode step compiled at start-up, at every verify width.
+
+Triton compiles a kernel for each set of constants it is launched with. 0.5.23's DFLASH step
+launches two kernels outside the graphs whose tile is the verify width rounded to a power of
+two (`_prepare_dflash_draft_block_unchecked`, `_compute_dflash_accept_bonus_triton_unchecked`),
+and the q rule launches this project's chain-accept kernel (`kernels/chain_accept.py`) with
+the step's proposal count. The first step at each width would compile them in the middle
+of serving, on every TP rank (about 0.5-2 s each; adaptive widths are first probed within
+the first few dozen steps). `warm_step_kernels` launches each once per width on a
+one-request dummy batch with the dtypes, strides and table the step uses (the worker's own
+`req_to_token`), so the step finds them compiled.
+
+A kernel that fails here is switched off the way 0.5.23 switches it off when it fails in a
+step (its eager path, with a warning), rather than failing the first request.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Sequence
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+def warm_step_kernels(worker, widths: Sequence[int], *, q_rule: bool) -> list[tuple[str, int]]:
+    """Launch the step's Triton kernels once per width; returns the (kernel, width) launches."""
+    from sglang.kernels.ops.speculative.dflash import (
+        _compute_dflash_accept_bonus_triton_unchecked,
+        _prepare_dflash_draft_block_unchecked,
+    )
+
+    device = worker.device
+    req_to_token = worker.model_runner.req_to_token_pool.req_to_token
+    launched: list[tuple[str, int]] = []
+    tic = time.perf_counter()
+
+    def ints(*shape, dtype=torch.int64):
+        return torch.zeros(shape, dtype=dtype, device=device)
+
+    for width in sorted({int(w) for w in widths}, reverse=True):
+        if worker._use_triton_prepare_block:
+            try:
+                _prepare_dflash_draft_block_unchecked(
+                    bonus_tokens=ints(1), prefix_lens=ints(1), req_pool_indices=ints(1),
+                    req_to_token=req_to_token, block_ids_out=ints(1, width), positions_out=ints(1, width),
+                    cache_loc_out=ints(1, width), mask_token_id=int(worker._mask_token_id))
+                launched.append(("prepare_block", width))
+            except Exception as err:   # 0.5.23 does the same on a failed step
+                worker._use_triton_prepare_block = False
+                logger.warning("sglang-domino warm-up: DFLASH Triton prepare_block failed at width %d; "
+                               "the eager path serves (%s)", width, err)
+        if worker._use_triton_accept_bonus:
+            try:
+                _compute_dflash_accept_bonus_triton_unchecked(
+                    candidates=ints(1, width), target_top1=ints(1, width),
+                    accept_lens_out=ints(1, dtype=torch.int32), commit_lens_out=ints(1, dtype=torch.int32),
+                    bonus_ids_out=ints(1), out_tokens_out=ints(1, width), prefix_lens=ints(1),
+                    new_seq_lens_out=ints(1))
+                launched.append(("accept_bonus", width))
+            except Exception as err:
+                worker._use_triton_accept_bonus = False
+                logger.warning("sglang-domino warm-up: DFLASH Triton accept/bonus failed at width %d; "
+                               "the eager path serves (%s)", width, err)
+        if q_rule and width > 1:
+            _warm_chain_accept(width - 1, int(worker.model_runner.model_config.vocab_size),
+                               int(worker.domino_candidate_pool_size), device)
+            launched.append(("chain_accept", width))
+    if launched:
+        logger.info("sglang-domino warm-up: %d Triton launches over widths %s in %.1f s", len(launched),
+                    sorted({w for _, w in launched}, reverse=True), time.perf_counter() - tic)
+    return launched
+
+
+def _warm_chain_accept(n: int, vocab: int, pool_size: int, device) -> None:
+    """The q rule's accept (`SampledStep.accept`) on one request with n proposals: q_0 over
+    the vocabulary, later proposals over the candidate pool (the whole vocabulary without
+    one)."""
+    from ..accept import Uniforms
+    from ..kernels.chain_accept import accept_chain
+
+    pool = pool_size if 0 < pool_size < vocab else vocab
+    probs = torch.full((1, n + 1, vocab), 1.0 / vocab, device=device)
+    q_first = torch.full((1, vocab), 1.0 / vocab, device=device)
+    pool_ids = q_rest = None
+    if n > 1:
+        pool_ids = torch.arange(pool, device=device)[None]
+        q_rest = torch.full((1, n - 1, pool), 1.0 / pool, device=device)
+    uniforms = Uniforms(torch.full((1, n), 0.5, device=device), torch.full((1,), 0.5, device=device))
+    accept_chain(torch.zeros((1, n), dtype=torch.int64, device=device), torch.full((1, n), 1.0 / vocab, device=device),
+                 q_first, pool_ids, q_rest, probs, uniforms)
+
+
+__all__ = ["warm_step_kernels"]
