@@ -88,3 +88,53 @@ def test_a_host_read_put_back_is_caught(cuda):
         int(accepted.max().item())
     with pytest.raises(Exception):
         torch.equal(drafts, drafts.clone())
+
+
+class _Plan:
+    def __init__(self, calls, **kwargs):
+        self.kwargs = kwargs
+        calls.append(self)
+
+    def bind(self, batch, translator):
+        batch.kv_loc_plan = self
+
+
+def draft_block_worker(calls):
+    from types import SimpleNamespace as NS
+
+    def draft_forward(forward_batch, *args, **kwargs):
+        rows = int(forward_batch.input_ids.numel())
+        return NS(logits_output=NS(hidden_states=torch.randn(rows, H, device="cuda")), can_run_graph=True)
+
+    target = NS(req_to_token_pool=NS(req_to_token=torch.zeros(8, 128, dtype=torch.int32, device="cuda")),
+                kv_index_translator=NS(plan=lambda **kw: _Plan(calls, **kw)))
+    runner = NS(forward=draft_forward, dtype=torch.float32, kv_index_translator=object())
+    return NS(draft_model_runner=runner, model_runner=target, device=torch.device("cuda"), _mask_token_id=V - 1,
+              draft_model=NS(config=NS(hidden_size=H)), block_size=8)
+
+
+@pytest.mark.parametrize("window", [8, 4, 1])
+def test_the_draft_block_runner_builds_its_block_batch_on_the_device(cuda, window):
+    """b8 (window 8 of a 16-slot draft block) and adaptive narrow steps: the draft batch of
+    the whole block, its KV plan and the window's hidden states, with no host read."""
+    from sglang_domino.sglang.draft_block import DraftBlockRunner
+
+    calls = []
+    worker = draft_block_worker(calls)
+    worker.block_size = window
+    runner = DraftBlockRunner(worker, BLOCK)
+    batch = SimpleNamespace(
+        batch_size=BS, forward_mode=SimpleNamespace(is_target_verify=lambda: True),
+        input_ids=torch.randint(0, V, (BS * window,), device="cuda"),
+        input_embeds=torch.randn(BS * window, H, device="cuda"),
+        positions=torch.arange(BS * window, device="cuda"), seq_lens=torch.full((BS,), 10, device="cuda"),
+        req_pool_indices=torch.arange(BS, device="cuda"), seq_lens_cpu=torch.full((BS,), 10), seq_lens_sum=BS * 10,
+        kv_loc_plan=None, out_cache_loc=torch.zeros(BS * window, dtype=torch.int64, device="cuda"),
+        num_token_non_padded=torch.tensor(BS * window, device="cuda"))
+    out = runner(batch)
+    hidden = out.logits_output.hidden_states
+    assert hidden.device.type == "cuda"
+    assert tuple(hidden.shape) == ((BS * window, H) if window > 1 else (BS, H))
+    if window > 1:
+        (plan,) = calls
+        assert plan.kwargs["read_extent"] == BLOCK and plan.kwargs["write_virtual"].device.type == "cuda"
