@@ -83,9 +83,11 @@ B8_STATE = Group("b8 state buffers", Moment.SCHEDULER_START, "schedulers",
                  "DFLASH with a draft block wider than the verify window")
 CPU_DISAGGREGATION = Group("cpu disaggregation", Moment.SCHEDULER_START, "schedulers",
                            "`--disaggregation-mode prefill|decode` with `--device cpu`")
+CPU_ATTENTION = Group("cpu attention", Moment.SCHEDULER_START, "model-running processes",
+                      "`--device cpu`, unless SGLANG_DOMINO_CPU_ATTENTION=upstream")
 
 GROUPS = (EVERY_PROCESS, CPU_ENGINE, CPU_STANDIN, CHECKPOINT_COMPAT, CPU_DFLASH, DOMINO_ROLLOUT, B8_RESERVATION,
-          WORKER, STEP, RESOLVE, PLATFORM, DISAGGREGATION, CPU_DISAGGREGATION, B8_STATE)
+          WORKER, STEP, RESOLVE, PLATFORM, DISAGGREGATION, CPU_DISAGGREGATION, B8_STATE, CPU_ATTENTION)
 
 
 @dataclass(frozen=True)
@@ -164,7 +166,7 @@ PATCHES: tuple[Patch, ...] = (
           params=("use_pynccl", "use_custom_allreduce")),
     Patch("scheduler_start", f"{_S}.distributed.bootstrap.init_parallel_runtime",
           "cpu.hybrid:before_init_parallel_runtime", Kind.BEFORE, CPU_ENGINE,
-          "installs the `cpu stand-in` group in the processes that run a model"),
+          "installs the `cpu stand-in` and `cpu attention` groups in the processes that run a model"),
     Patch("draft_backend_choice", f"{_S}.arg_groups.choices.DRAFT_ATTENTION_BACKEND_CHOICES",
           "cpu.dflash:allow_torch_native_draft_backend", Kind.CALL, CPU_ENGINE,
           "torch_native accepted as the draft attention backend (else flashinfer is chosen)"),
@@ -181,6 +183,21 @@ PATCHES: tuple[Patch, ...] = (
           "the accepted position's recurrent state committed after a verify; upstream's raises for CPU tensors",
           params=("mamba_caches", "state_indices_tensor", "last_correct_step_indices", "mamba_track_indices",
                   "mamba_steps_to_track", "src_indices_raw")),
+    # -- model-running CPU processes: torch_native attention batched --------------------
+    Patch("cpu_attention_decode",
+          f"{_S}.layers.attention.torch_native_backend.TorchNativeAttnBackend._run_sdpa_forward_decode",
+          "cpu.attention:around_sdpa_forward_decode", Kind.AROUND, CPU_ATTENTION,
+          "one attention call per layer for the whole decode batch instead of a loop over requests",
+          params=("query", "output", "k_cache", "v_cache", "req_to_token", "req_pool_indices", "seq_lens",
+                  "encoder_lens", "scaling", "enable_gqa", "causal", "is_cross_attn", "sliding_window_size")),
+    Patch("cpu_attention_extend",
+          f"{_S}.layers.attention.torch_native_backend.TorchNativeAttnBackend._run_sdpa_forward_extend",
+          "cpu.attention:around_sdpa_forward_extend", Kind.AROUND, CPU_ATTENTION,
+          "a verify or draft block of W rows per request: one call per layer over W query rows, not a loop "
+          "over requests computing every prefix row and dropping it",
+          params=("query", "output", "k_cache", "v_cache", "req_to_token", "req_pool_indices", "seq_lens",
+                  "extend_prefix_lens", "extend_seq_lens", "encoder_lens", "scaling", "enable_gqa", "causal",
+                  "is_cross_attn", "sliding_window_size")),
     # -- schedulers of a PD server, at scheduler start ------------------------------------
     Patch("pd_draft_check", f"{_S}.disaggregation.decode.DecodePreallocQueue._init_receiver",
           "disaggregation:around_init_receiver", Kind.AROUND, DISAGGREGATION,

@@ -47,3 +47,7 @@ def install() -> bool:
 
 def before_init_parallel_runtime(*args, **kwargs):
     install()
+    # every model-running CPU process: the batched torch_native attention
+    from . import attention
+
+    attention.install()
