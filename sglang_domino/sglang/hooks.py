@@ -86,8 +86,12 @@ CPU_DISAGGREGATION = Group("cpu disaggregation", Moment.SCHEDULER_START, "schedu
 CPU_ATTENTION = Group("cpu attention", Moment.SCHEDULER_START, "model-running processes",
                       "`--device cpu`, unless SGLANG_DOMINO_CPU_ATTENTION=upstream")
 
+# hybrid replay (issue 21): rows in the `hybrid replay` block of PATCHES
+HYBRID_REPLAY = Group("hybrid replay", Moment.SCHEDULER_START, "schedulers",
+                      "DFLASH with `--enable-linear-replayssm-spec`")
+
 GROUPS = (EVERY_PROCESS, CPU_ENGINE, CPU_STANDIN, CHECKPOINT_COMPAT, CPU_DFLASH, DOMINO_ROLLOUT, B8_RESERVATION,
-          WORKER, STEP, RESOLVE, PLATFORM, DISAGGREGATION, CPU_DISAGGREGATION, B8_STATE, CPU_ATTENTION)
+          WORKER, STEP, RESOLVE, PLATFORM, DISAGGREGATION, CPU_DISAGGREGATION, B8_STATE, CPU_ATTENTION, HYBRID_REPLAY)
 
 
 @dataclass(frozen=True)
@@ -285,6 +289,45 @@ PATCHES: tuple[Patch, ...] = (
           "--device cpu switches the CPU engine on before `is_cpu()` is first read"),
     Patch("sgl_kernel_standin", "sgl_kernel", "cpu.platform:install_sgl_kernel_finder", Kind.IMPORT, PLATFORM,
           "the real sgl_kernel first; the pure-PyTorch stand-in when it cannot load"),
+    # -- hybrid replay (issue 21): DFLASH on a gated delta-net target with 0.5.23's ------
+    # -- `--enable-linear-replayssm-spec` (`hybrid_replay.py`); CPU kernels in `cpu stand-in`
+    Patch("replay_pool_gate", f"{_S}.mem_cache.kv_cache_configurator.KVCacheConfigurator._build_hybrid_req_pool",
+          "hybrid_replay:around_build_hybrid_req_pool", Kind.AROUND, HYBRID_REPLAY,
+          "0.5.23's 'requires a KDA model' refusal lifted for a GDN target (its commit is this plugin's); the "
+          "ring length checked against the verify window; the state memory logged",
+          attributes=("hybrid_kda_config", "hybrid_gdn_config")),
+    Patch("replay_commit",
+          f"{_S}.layers.attention.hybrid_linear_attn_backend.HybridLinearAttnBackend.update_mamba_state_after_mtp_verify",
+          "hybrid_replay:around_update_mamba_state_after_mtp_verify", Kind.AROUND, HYBRID_REPLAY,
+          "DFLASH's commit on a pool with GDN replay rings: 0.5.23's ReplaySSM cursor advance, fold and conv "
+          "rollback (`spec_utils`), not the scatter of per-position states (not allocated)",
+          params=("last_correct_step_indices", "mamba_track_indices", "mamba_steps_to_track", "model",
+                  "req_pool_indices")),
+    Patch("replay_verify_cpu",
+          "sglang.kernels.ops.attention.linear.gdn_replayssm_spec_decode.gdn_replayssm_spec_decode",
+          "cpu.gdn_replay:gdn_replayssm_spec_decode", Kind.REPLACE, CPU_STANDIN,
+          "the GDN replay verify (imported inside `_replayssm_target_verify`); Triton-only upstream",
+          params=("q", "k", "v", "a", "b", "A_log", "dt_bias", "checkpoint_state", "d_cache", "k_cache", "g_cache",
+                  "rawv_cache", "rawk_cache", "beta_cache", "out", "query_start_loc", "ssm_state_indices",
+                  "replay_indices", "write_pos", "cache_base", "is_flush", "max_cache_len", "max_spec_len", "scale",
+                  "use_qk_l2norm_in_kernel", "null_block_id", "launch_mode")),
+    Patch("replay_cursors_cpu",
+          "sglang.kernels.ops.attention.linear.gdn_replayssm_spec_decode.commit_gdn_replayssm_spec",
+          "cpu.gdn_replay:commit_gdn_replayssm_spec", Kind.REPLACE, CPU_STANDIN,
+          "the replay commit's cursor advance; Triton-only upstream",
+          params=("write_pos", "cache_base", "is_flush", "num_accepted", "replay_indices", "max_cache_len",
+                  "max_spec_len", "fold_every_commit", "null_block_id")),
+    Patch("replay_fold_cpu",
+          "sglang.kernels.ops.attention.linear.gdn_replayssm_spec_decode.commit_gdn_replayssm_circular",
+          "cpu.gdn_replay:commit_gdn_replayssm_circular", Kind.REPLACE, CPU_STANDIN,
+          "the replay commit's fold of a row's records into its checkpoint; Triton-only upstream",
+          params=("checkpoint_state", "d_cache", "k_cache", "g_cache", "d_residual_cache", "k_residual_cache",
+                  "state_batch_indices", "replay_indices", "write_pos", "cache_base", "is_flush", "accept_lens",
+                  "mamba_track_indices", "mamba_steps_to_track", "null_block_id")),
+    Patch("replay_conv_cpu", "sglang.kernels.ops.mamba.mamba_state_scatter_triton.fused_conv_window_scatter_with_mask",
+          "cpu.gdn_replay:fused_conv_window_scatter_with_mask", Kind.REPLACE, CPU_STANDIN,
+          "the conv windows' rollback (not replayed: kept per position); raises for CPU tensors upstream",
+          params=("dst", "src", "dst_indices_raw", "step_indices_raw", "src_indices_raw")),
 )
 
 
@@ -391,6 +434,27 @@ DEPENDS: tuple[Dependency, ...] = (
                params=("device", "gpu_id")),
     Dependency(f"{_S}.managers.scheduler.Scheduler", "the early prefix send on CPU runs with overlap off",
                attributes=("enable_overlap",)),
+    # -- hybrid replay (issue 21) ---------------------------------------------------------
+    Dependency(f"{_S}.mem_cache.memory_pool.MambaPool", "the replay rings and request-row cursors the commit "
+               "advances; which protocol the pool chose",
+               attributes=("mamba_cache", "replayssm_spec_write_pos", "replayssm_cache_base", "replayssm_is_flush",
+                           "replayssm_is_kda", "replayssm_spec_fold")),
+    Dependency(f"{_S}.mem_cache.memory_pool.MambaPool.SpeculativeState", "rings, checkpoint and conv windows",
+               attributes=("conv", "temporal", "intermediate_ssm", "intermediate_conv_window", "replayssm_d",
+                           "replayssm_k", "replayssm_g", "replayssm_rawv", "replayssm_rawk", "replayssm_beta")),
+    Dependency(f"{_S}.mem_cache.memory_pool.HybridReqToTokenPool.get_speculative_mamba2_params_all_layers",
+               "every layer's rings for the fold"),
+    Dependency(f"{_S}.mem_cache.memory_pool.HybridReqToTokenPool.get_mamba_indices",
+               "PP stable rows: the commit's state slots", params=("req_indices",)),
+    Dependency(f"{_S}.layers.attention.hybrid_linear_attn_backend.MambaAttnBackendBase._translate_mamba_indices",
+               "virtual to physical state slots, as upstream's commit does", params=("mamba_indices",)),
+    Dependency(f"{_S}.layers.attention.hybrid_linear_attn_backend.HybridLinearAttnBackend."
+               "_update_ple_state_after_mtp_verify", "the tail of upstream's commit, kept",
+               params=("state_indices_tensor", "last_correct_step_indices", "mamba_track_indices",
+                       "mamba_steps_to_track", "src_indices_raw")),
+    Dependency(f"{_S}.layers.attention.linear.utils.pp_spec_stable_rows_enabled", "which rows the commit reads"),
+    Dependency(f"{_S}.layers.attention.linear.gdn_backend.GDNAttnBackend._replayssm_target_verify",
+               "the verify 0.5.23 routes to once the pool has the rings (no hook)"),
 )
 
 

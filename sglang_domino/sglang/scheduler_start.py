@@ -25,3 +25,7 @@ def before_init_parallel_runtime(*args, server_args=None, **kwargs):
     draft_block = scheduler_settings.current().draft_block
     if draft_block and window and int(draft_block) > int(window):
         hooks.install(hooks.B8_STATE)
+    # DFLASH with --enable-linear-replayssm-spec: replay rollback on a gated delta-net target
+    from . import hybrid_replay
+
+    hybrid_replay.install_for(server_args)

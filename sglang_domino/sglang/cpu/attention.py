@@ -8,8 +8,8 @@ tokens after a context of L costs (L + W) x (L + W) scores instead of W x (L + W
 every target layer at every decode step of a speculative server (and in the draft's
 block).
 
-Here a batch whose requests all add the same number of query rows (every decode step: 1;
-a speculative verify or draft block: W; a prefill of equal prompts) runs as one
+Here a batch whose requests all add the same number of query rows (a decode step of
+several requests: 1; a speculative verify or draft block: W; a prefill of equal prompts) runs as one
 `scaled_dot_product_attention` call per layer over keys gathered into a padded
 [batch, heads, L_max, dim] block, with a boolean mask for each request's length and, when
 causal, each row's position (and sliding window). Other batches (prefills of unequal
@@ -62,28 +62,31 @@ def attend(query: torch.Tensor, output: torch.Tensor, k_cache: torch.Tensor, v_c
     given); otherwise every row sees all kv_lens[r] keys."""
     bs = int(kv_lens.shape[0])
     heads, dim = int(query.shape[1]), int(query.shape[2])
-    longest = int(kv_lens.max())
+    longest, ragged = int(kv_lens.max()), bool(kv_lens.min() < kv_lens.max())   # host tensors on CPU
     cols = torch.arange(longest, device=query.device)
     slots = req_to_token[req_pool_indices.to(torch.int64)[:, None], cols[None, :]].to(torch.int64)  # [bs, L]
-    lens = kv_lens.to(torch.int64)[:, None]
-    # a shorter request's row past its length holds whatever slot was there before: read slot 0, masked
-    slots = torch.where(cols[None, :] < lens, slots, 0)
+    lens = kv_lens.to(torch.int64)[:, None, None]                        # [bs, 1, 1]
+    key_pos = cols[None, None, :]                                        # [1, 1, L]
+    if ragged:
+        # a shorter request's row past its length holds whatever slot was there before: read slot 0, masked
+        slots = torch.where(key_pos[:, 0] < lens[:, 0], slots, 0)
     keys = k_cache[slots].permute(0, 2, 1, 3)      # [bs, kv_heads, L, dim]
     values = v_cache[slots].permute(0, 2, 1, 3)
     q = query.view(bs, q_len, heads, dim).permute(0, 2, 1, 3)
     if keys.dtype != q.dtype:  # as upstream: the cache may be stored in another dtype
         keys, values = keys.to(q.dtype), values.to(q.dtype)
-    lens = lens[:, :, None]                                              # [bs, 1, 1]
-    key_pos = cols[None, None, :]                                        # [1, 1, L]
-    allowed = key_pos < lens                                             # [bs, 1, L]
-    if causal or sliding_window_size is not None:
+    windowed = sliding_window_size is not None and sliding_window_size > -1
+    # a mask only where one is needed: SDPA's fused kernel otherwise (a decode step of equal
+    # lengths; one request's decode row); a causal single row sees all of its keys
+    mask = None
+    if ragged or windowed or (causal and q_len > 1):
+        allowed = key_pos < lens                                         # [bs, 1, L]
         row_pos = lens - q_len + torch.arange(q_len, device=query.device)[None, :, None]   # [bs, q, 1]
         if causal:
             allowed = allowed & (key_pos <= row_pos)
-        if sliding_window_size is not None and sliding_window_size > -1:
+        if windowed:
             allowed = allowed & (key_pos >= row_pos - sliding_window_size)
-    # no mask where none is needed (one request's decode row, equal lengths): SDPA's fused kernel
-    mask = None if bool(allowed.all()) else allowed[:, None]
+        mask = allowed[:, None]
     out = scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scaling, enable_gqa=enable_gqa)
     output.copy_(out.permute(0, 2, 1, 3).reshape(bs * q_len, heads, -1))
     return output
@@ -93,7 +96,8 @@ def around_sdpa_forward_decode(original, self, query, output, k_cache, v_cache, 
                                seq_lens, encoder_lens=None, scaling=None, enable_gqa=False, causal=False,
                                is_cross_attn=False, sliding_window_size=None):
     """`TorchNativeAttnBackend._run_sdpa_forward_decode`: one row per request."""
-    if encoder_lens is not None or is_cross_attn or int(seq_lens.shape[0]) == 0:
+    # one request: upstream's loop is already one call, and a little cheaper than the gather here
+    if encoder_lens is not None or is_cross_attn or int(seq_lens.shape[0]) <= 1:
         return original(self, query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
                         encoder_lens, scaling=scaling, enable_gqa=enable_gqa, causal=causal,
                         is_cross_attn=is_cross_attn, sliding_window_size=sliding_window_size)
