@@ -294,8 +294,7 @@ PATCHES: tuple[Patch, ...] = (
     Patch("replay_pool_gate", f"{_S}.mem_cache.kv_cache_configurator.KVCacheConfigurator._build_hybrid_req_pool",
           "hybrid_replay:around_build_hybrid_req_pool", Kind.AROUND, HYBRID_REPLAY,
           "0.5.23's 'requires a KDA model' refusal lifted for a GDN target (its commit is this plugin's); the "
-          "ring length checked against the verify window; the state memory logged",
-          attributes=("hybrid_kda_config", "hybrid_gdn_config")),
+          "ring length checked against the verify window; the state memory logged"),
     Patch("replay_commit",
           f"{_S}.layers.attention.hybrid_linear_attn_backend.HybridLinearAttnBackend.update_mamba_state_after_mtp_verify",
           "hybrid_replay:around_update_mamba_state_after_mtp_verify", Kind.AROUND, HYBRID_REPLAY,
@@ -435,6 +434,9 @@ DEPENDS: tuple[Dependency, ...] = (
     Dependency(f"{_S}.managers.scheduler.Scheduler", "the early prefix send on CPU runs with overlap off",
                attributes=("enable_overlap",)),
     # -- hybrid replay (issue 21) ---------------------------------------------------------
+    Dependency(f"{_S}.mem_cache.kv_cache_configurator.KVCacheConfigurator",
+               "the pool gate reads which linear-attention family the target is; the KDA one swapped for one call",
+               attributes=("hybrid_kda_config", "hybrid_gdn_config")),
     Dependency(f"{_S}.mem_cache.memory_pool.MambaPool", "the replay rings and request-row cursors the commit "
                "advances; which protocol the pool chose",
                attributes=("mamba_cache", "replayssm_spec_write_pos", "replayssm_cache_base", "replayssm_is_flush",
