@@ -296,7 +296,8 @@ PATCHES: tuple[Patch, ...] = (
           "0.5.23's 'requires a KDA model' refusal lifted for a GDN target (its commit is this plugin's); the "
           "ring length checked against the verify window; the state memory logged"),
     Patch("replay_commit",
-          f"{_S}.layers.attention.hybrid_linear_attn_backend.HybridLinearAttnBackend.update_mamba_state_after_mtp_verify",
+          f"{_S}.layers.attention.hybrid_linear_attn_backend.HybridLinearAttnBackend."
+          "update_mamba_state_after_mtp_verify",
           "hybrid_replay:around_update_mamba_state_after_mtp_verify", Kind.AROUND, HYBRID_REPLAY,
           "DFLASH's commit on a pool with GDN replay rings: 0.5.23's ReplaySSM cursor advance, fold and conv "
           "rollback (`spec_utils`), not the scatter of per-position states (not allocated)",

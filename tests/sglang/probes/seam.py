@@ -105,6 +105,7 @@ def _install_every_group() -> dict:
     scheduler_start.before_init_parallel_runtime(
         server_args=SimpleNamespace(disaggregation_mode="prefill", speculative_num_draft_tokens=None))
     hooks.install(hooks.B8_STATE)
+    hooks.install(hooks.HYBRID_REPLAY)
     return dict(after_load=after_load, after_all=hooks.installed(), standin=standin, install_twice=again,
                 host_indices=[host_indices_before, MooncakeKVSender.supports_host_tensor_indices])
 
