@@ -49,7 +49,15 @@ def hybrid(sglang_tmp):
         tiny.build_draft(paths[kind], target, kind, BLOCK)
     paths["constant"] = os.path.join(root, "constant")
     tiny.build_constant_dflash(paths["constant"], target, CONSTANT_TOKEN, BLOCK)
-    paths["prompts"], paths["oracle"] = [], []
+    paths["prompts"], paths["oracle"] = tie_free_prompts(target)
+    return paths
+
+
+def tie_free_prompts(target) -> tuple[list, list]:
+    """The first `N_PROMPTS` candidate prompts whose greedy continuation never has a top-2
+    margin below `MIN_MARGIN` (CPU servers and Transformers agree token for token there),
+    and those continuations from Transformers `generate`."""
+    prompts, oracle = [], []
     with torch.no_grad():
         for prompt in CANDIDATE_PROMPTS:
             # BLOCK more tokens than served: the constant draft's last verify looks ahead
@@ -57,11 +65,10 @@ def hybrid(sglang_tmp):
             logits = target(out).logits[0, len(prompt) - 1:-1]
             margin = (logits[:, tiny.LIVE_TOKENS[0]] - logits[:, tiny.LIVE_TOKENS[1]]).abs()
             if float(margin[:MAX_TOKENS].min()) >= MIN_MARGIN:
-                paths["prompts"].append(prompt)
-                paths["oracle"].append(out[0, len(prompt):].tolist())
-    assert len(paths["prompts"]) >= N_PROMPTS, f"only {len(paths['prompts'])} tie-free prompts"
-    paths["prompts"], paths["oracle"] = paths["prompts"][:N_PROMPTS], paths["oracle"][:N_PROMPTS]
-    return paths
+                prompts.append(prompt)
+                oracle.append(out[0, len(prompt):].tolist())
+    assert len(prompts) >= N_PROMPTS, f"only {len(prompts)} tie-free prompts"
+    return prompts[:N_PROMPTS], oracle[:N_PROMPTS]
 
 
 def constant_draft_steps(oracle: list[int], n: int, window: int = BLOCK) -> list[int]:

@@ -26,8 +26,7 @@ import re
 import pytest
 import torch
 
-from tests.e2e.test_hybrid_cpu import CANDIDATE_PROMPTS, CONSTANT_TOKEN, HYBRID_ARGS, MAX_TOKENS, MIN_MARGIN, \
-    N_PROMPTS, _check_known_acceptance
+from tests.e2e.test_hybrid_cpu import CONSTANT_TOKEN, HYBRID_ARGS, _check_known_acceptance, tie_free_prompts
 from tests.helpers import tiny
 from tests.helpers.servers import BASE_ARGS, BLOCK, server_env
 
@@ -66,17 +65,7 @@ def remembering(sglang_tmp):
     paths = {"target": os.path.join(root, "target"), "constant": os.path.join(root, "constant")}
     target = _remembering_target(paths["target"])
     tiny.build_constant_dflash(paths["constant"], target, CONSTANT_TOKEN, BLOCK)
-    paths["prompts"], paths["oracle"] = [], []
-    with torch.no_grad():
-        for prompt in CANDIDATE_PROMPTS:
-            out = target.generate(torch.tensor([prompt]), max_new_tokens=MAX_TOKENS + BLOCK, do_sample=False)
-            logits = target(out).logits[0, len(prompt) - 1:-1]
-            margin = (logits[:, tiny.LIVE_TOKENS[0]] - logits[:, tiny.LIVE_TOKENS[1]]).abs()
-            if float(margin[:MAX_TOKENS].min()) >= MIN_MARGIN:
-                paths["prompts"].append(prompt)
-                paths["oracle"].append(out[0, len(prompt):].tolist())
-    assert len(paths["prompts"]) >= N_PROMPTS, f"only {len(paths['prompts'])} tie-free prompts"
-    paths["prompts"], paths["oracle"] = paths["prompts"][:N_PROMPTS], paths["oracle"][:N_PROMPTS]
+    paths["prompts"], paths["oracle"] = tie_free_prompts(target)
     return paths
 
 
