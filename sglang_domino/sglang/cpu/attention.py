@@ -78,8 +78,10 @@ def attend(query: torch.Tensor, output: torch.Tensor, k_cache: torch.Tensor, v_c
     windowed = sliding_window_size is not None and sliding_window_size > -1
     # a mask only where one is needed: SDPA's fused kernel otherwise (a decode step of equal
     # lengths; one request's decode row); a causal single row sees all of its keys
-    mask = None
-    if ragged or windowed or (causal and q_len > 1):
+    mask, is_causal = None, False
+    if causal and not ragged and not windowed and q_len == longest:
+        is_causal = True    # rows and keys aligned (a prefill without a cached prefix): SDPA's own causal kernel
+    elif ragged or windowed or (causal and q_len > 1):
         allowed = key_pos < lens                                         # [bs, 1, L]
         row_pos = lens - q_len + torch.arange(q_len, device=query.device)[None, :, None]   # [bs, q, 1]
         if causal:
@@ -87,7 +89,8 @@ def attend(query: torch.Tensor, output: torch.Tensor, k_cache: torch.Tensor, v_c
         if windowed:
             allowed = allowed & (key_pos >= row_pos - sliding_window_size)
         mask = allowed[:, None]
-    out = scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scaling, enable_gqa=enable_gqa)
+    out = scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=is_causal, scale=scaling,
+                                       enable_gqa=enable_gqa)
     output.copy_(out.permute(0, 2, 1, 3).reshape(bs * q_len, heads, -1))
     return output
 

@@ -100,3 +100,16 @@ def test_the_mode_is_read_from_the_environment_and_checked(monkeypatch):
     monkeypatch.setenv(attention.MODE_ENV, "fast")
     with pytest.raises(ValueError, match="SGLANG_DOMINO_CPU_ATTENTION='fast'"):
         attention.mode()
+
+
+def test_a_prefill_of_equal_prompts_equals_upstreams_loop():
+    """No cached prefix, every request the same length: SDPA's own causal kernel."""
+    g, k, v, req_to_token = _cache(4)
+    length, pools = 9, torch.tensor([0, 2])
+    lens = torch.full((2,), length)
+    q = torch.randn(2 * length, HEADS, DIM, generator=g)
+    args = (k, v, req_to_token, pools, lens, torch.zeros_like(lens), lens, None)
+    want = _unbound(UPSTREAM_EXTEND)(q, torch.empty_like(q), *args, enable_gqa=True, causal=True)
+    got = attention.around_sdpa_forward_extend(UPSTREAM_EXTEND, None, q, torch.empty_like(q), *args,
+                                               enable_gqa=True, causal=True)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
