@@ -83,6 +83,7 @@ B8_STATE = Group("b8 state buffers", Moment.SCHEDULER_START, "schedulers",
                  "DFLASH with a draft block wider than the verify window")
 CPU_DISAGGREGATION = Group("cpu disaggregation", Moment.SCHEDULER_START, "schedulers",
                            "`--disaggregation-mode prefill|decode` with `--device cpu`")
+ADAPTIVE_METRICS = Group("adaptive metrics", Moment.WORKER_INIT, "schedulers", "`--speculative-adaptive`")
 CPU_ATTENTION = Group("cpu attention", Moment.SCHEDULER_START, "model-running processes",
                       "`--device cpu`, unless SGLANG_DOMINO_CPU_ATTENTION=upstream")
 
@@ -91,7 +92,7 @@ HYBRID_REPLAY = Group("hybrid replay", Moment.SCHEDULER_START, "schedulers",
                       "DFLASH with `--enable-linear-replayssm-spec`")
 
 GROUPS = (EVERY_PROCESS, CPU_ENGINE, CPU_STANDIN, CHECKPOINT_COMPAT, CPU_DFLASH, DOMINO_ROLLOUT, B8_RESERVATION,
-          WORKER, STEP, RESOLVE, PLATFORM, DISAGGREGATION, CPU_DISAGGREGATION, B8_STATE, CPU_ATTENTION, HYBRID_REPLAY)
+          WORKER, STEP, RESOLVE, PLATFORM, DISAGGREGATION, CPU_DISAGGREGATION, B8_STATE, CPU_ATTENTION, ADAPTIVE_METRICS, HYBRID_REPLAY)
 
 
 @dataclass(frozen=True)
@@ -259,6 +260,11 @@ PATCHES: tuple[Patch, ...] = (
           "draft_block:around_decode_alloc_lens", Kind.AROUND, B8_RESERVATION,
           "the decode KV reservation covers the whole draft block",
           params=("reqs", "reserve")),
+    Patch("adaptive_accept_rate",
+          f"{_S}.managers.scheduler_components.metrics_reporter.SchedulerMetricsReporter.report_decode_stats",
+          "metrics:around_report_decode_stats", Kind.AROUND, ADAPTIVE_METRICS,
+          "the logged and exported accept rate divides by the proposals adaptive steps verified, not by every "
+          "step at the largest width"),
     Patch("first_verify_log", f"{_S}.managers.tp_worker.TpModelWorker.forward_batch_generation",
           "worker:FirstVerifyLog", Kind.INSTANCE, WORKER,
           "the target worker of a DominoDFlashWorker: the first verify's width logged (what the target computed "
@@ -432,6 +438,9 @@ DEPENDS: tuple[Dependency, ...] = (
                "decides replay per batch: only a batch of the runner's captured width replays"),
     Dependency(f"{_S}.utils.common.get_available_gpu_memory", "each width's capture memory in the log",
                params=("device", "gpu_id")),
+    Dependency(f"{_S}.managers.scheduler_components.metrics_reporter.SchedulerMetricsReporter",
+               "the accept-rate window: accepted proposals and requests' steps since the last log",
+               attributes=("scheduler", "spec_num_correct_drafts", "spec_num_forward_ct")),
     Dependency(f"{_S}.managers.scheduler.Scheduler", "the early prefix send on CPU runs with overlap off",
                attributes=("enable_overlap",)),
     # -- hybrid replay (issue 21) ---------------------------------------------------------

@@ -9,7 +9,8 @@ bookkeeping, is upstream's, run unchanged:
     (`draft_block.DraftBlockRunner`); the verify-width policy (fixed or adaptive).
   * `forward_batch_generation`: each decode step at the width the policy chooses
     (`width_switch.WidthSwitch`); with the q rule, sampled steps propose from q.
-  * `on_verify_complete_cpu`: the adaptive policy's acceptance counts.
+  * `on_verify_complete_cpu`: the adaptive policy's acceptance counts; the proposals
+    really verified, for the accept rate in the log (`metrics`).
   * `_accept_block`: sampled requests verified exactly where 0.5.23 has no kernel, and
     with the q rule accepted with min(1, p/q) (`sampled_rollout`).
   * `init_cuda_graphs`, `_maybe_build_draft_sampler`, `_validate_phase1_sampling_support`:
@@ -88,6 +89,10 @@ class DominoDFlashWorker(DFlashWorkerV2):
         self._clock = StepTimer.for_device(self.device, overlap=not get_schedule().disable_overlap_schedule)
         # (rids, width, timing events) of adaptive steps whose results are not processed yet
         self._in_flight = collections.deque()
+        # proposals verified by adaptive steps since the scheduler last logged its accept rate
+        self.drafts_proposed = 0
+        if adaptive is not None:
+            hooks.install(hooks.ADAPTIVE_METRICS)
         if self._is_domino:
             # the eager rollout's feedback embedding; width-1 steps; the q rule's rollout
             hooks.install(hooks.DOMINO_ROLLOUT)
@@ -154,6 +159,7 @@ class DominoDFlashWorker(DFlashWorkerV2):
         if not self._in_flight:
             return
         rids, width, marks = self._in_flight.popleft()
+        self.drafts_proposed += len(num_correct_drafts_per_req) * (width - 1)
         seconds = self._clock.elapsed(marks)
         if seconds is not None:
             self.width_policy.observe_cost(len(rids), width, seconds)

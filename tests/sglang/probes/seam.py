@@ -106,6 +106,7 @@ def _install_every_group() -> dict:
         server_args=SimpleNamespace(disaggregation_mode="prefill", speculative_num_draft_tokens=None))
     hooks.install(hooks.B8_STATE)
     hooks.install(hooks.HYBRID_REPLAY)
+    hooks.install(hooks.ADAPTIVE_METRICS)
     return dict(after_load=after_load, after_all=hooks.installed(), standin=standin, install_twice=again,
                 host_indices=[host_indices_before, MooncakeKVSender.supports_host_tensor_indices])
 
