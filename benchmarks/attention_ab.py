@@ -19,6 +19,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from .machine import machine
+from .report import write_markdown
 from .profile_step import bench_config, draft_for, render_prompts
 
 MODES = ("upstream", "batched")
@@ -81,10 +82,7 @@ def main(argv=None) -> None:
                    for m in MODES}
             lines.append(f"| {config} | {conc} | {med['upstream']:.1f} | {med['batched']:.1f} | "
                          f"{med['batched'] / med['upstream']:.2f}x |")
-    text = "\n".join(lines) + "\n"
-    with open(os.path.join(args.out, "attention_ab.md"), "w", encoding="utf-8") as fh:
-        fh.write(text)
-    print(text)
+    write_markdown(args.out, "attention_ab.md", lines)
 
 
 if __name__ == "__main__":

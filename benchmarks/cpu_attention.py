@@ -20,6 +20,7 @@ import time
 import torch
 
 from benchmarks.machine import machine
+from benchmarks.report import write_markdown
 
 HEADS, KV_HEADS, DIM = 4, 2, 64     # the test bed target's attention (its config.json): GQA 2:1
 
@@ -98,10 +99,7 @@ def main(argv=None) -> None:
         step = "decode (1 row)" if r["rows"] == 1 else f"verify ({r['rows']} rows, causal)"
         lines.append(f"| {step} | {r['bs']} | {r['context']} | {r['upstream_ms']:.3f} | {r['batched_ms']:.3f} | "
                      f"{r['speedup']:.2f}x |")
-    text = "\n".join(lines) + "\n"
-    with open(os.path.join(args.out, "cpu_attention.md"), "w", encoding="utf-8") as fh:
-        fh.write(text)
-    print(text)
+    write_markdown(args.out, "cpu_attention.md", lines)
 
 
 if __name__ == "__main__":

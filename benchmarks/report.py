@@ -22,6 +22,15 @@ from collections import defaultdict
 from .records import TARGET_ONLY, Record, read
 
 
+def write_markdown(out_dir: str, name: str, lines: list[str]) -> str:
+    """A benchmark's markdown result: `lines` written to `out_dir/name` and printed."""
+    text = "\n".join(lines) + "\n"
+    with open(os.path.join(out_dir, name), "w", encoding="utf-8") as fh:
+        fh.write(text)
+    print(text)
+    return text
+
+
 def run_throughputs(records: list[Record]) -> dict[tuple[str, str, int], list[float]]:
     runs: dict[tuple, list[Record]] = defaultdict(list)
     for r in records:

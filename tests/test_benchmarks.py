@@ -321,3 +321,16 @@ def test_numerics_comparison_finds_the_first_differing_token():
     assert first_difference([1, 2], [1, 2, 3]) == 2          # one output stops early
     r = compare([[1, 2, 3], [4, 5], [6]], [[1, 2, 3], [4, 0], [7]])
     assert r == {"requests": 3, "differ": 2, "first_difference": [1, 0], "median_first_difference": 1}
+
+
+def test_cpu_attention_benchmark_smoke(tmp_path):
+    """`python -m benchmarks.cpu_attention` at toy sizes writes its records and table (no
+    timing is checked)."""
+    pytest.importorskip("sglang")
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.cpu_attention", "--rounds", "1", "--reps", "1",
+                           "--contexts", "8", "--batch-sizes", "1", "2", "--out", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    records = json.loads((tmp_path / "cpu_attention.json").read_text())["records"]
+    assert len(records) == 4 and all(r["batched_ms"] > 0 for r in records)
+    assert "| verify (16 rows, causal) | 2 | 8 |" in (tmp_path / "cpu_attention.md").read_text()
