@@ -131,6 +131,10 @@ WIDTH_STATE = (
     "_commit_lens_bufs", "_bonus_id_bufs", "_out_tokens_bufs", "_new_seq_lens_bufs",
 )
 
+# the arguments both torch_native attention loops take (`cpu/attention.py` passes them on)
+_SDPA_PARAMS = ("query", "output", "k_cache", "v_cache", "req_to_token", "req_pool_indices", "seq_lens",
+                "encoder_lens", "scaling", "enable_gqa", "causal", "is_cross_attn", "sliding_window_size")
+
 PATCHES: tuple[Patch, ...] = (
     # -- every process, from the plugin entry point ------------------------------------
     Patch("create_worker", f"{_S}.speculative.spec_info.SpeculativeAlgorithm.create_worker",
@@ -193,16 +197,13 @@ PATCHES: tuple[Patch, ...] = (
           f"{_S}.layers.attention.torch_native_backend.TorchNativeAttnBackend._run_sdpa_forward_decode",
           "cpu.attention:around_sdpa_forward_decode", Kind.AROUND, CPU_ATTENTION,
           "one attention call per layer for the whole decode batch instead of a loop over requests",
-          params=("query", "output", "k_cache", "v_cache", "req_to_token", "req_pool_indices", "seq_lens",
-                  "encoder_lens", "scaling", "enable_gqa", "causal", "is_cross_attn", "sliding_window_size")),
+          params=_SDPA_PARAMS),
     Patch("cpu_attention_extend",
           f"{_S}.layers.attention.torch_native_backend.TorchNativeAttnBackend._run_sdpa_forward_extend",
           "cpu.attention:around_sdpa_forward_extend", Kind.AROUND, CPU_ATTENTION,
           "a verify or draft block of W rows per request: one call per layer over W query rows, not a loop "
           "over requests computing every prefix row and dropping it",
-          params=("query", "output", "k_cache", "v_cache", "req_to_token", "req_pool_indices", "seq_lens",
-                  "extend_prefix_lens", "extend_seq_lens", "encoder_lens", "scaling", "enable_gqa", "causal",
-                  "is_cross_attn", "sliding_window_size")),
+          params=(*_SDPA_PARAMS, "extend_prefix_lens", "extend_seq_lens")),
     # -- schedulers of a PD server, at scheduler start ------------------------------------
     Patch("pd_draft_check", f"{_S}.disaggregation.decode.DecodePreallocQueue._init_receiver",
           "disaggregation:around_init_receiver", Kind.AROUND, DISAGGREGATION,

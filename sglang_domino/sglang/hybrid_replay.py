@@ -89,10 +89,7 @@ def check_ring(ring_len: int, window: int) -> None:
 
 
 def _pow2_at_least(n: int) -> int:
-    p = 1
-    while p < n:
-        p *= 2
-    return p
+    return 1 << max(int(n) - 1, 0).bit_length()
 
 
 # -- the pool: the KDA-only refusal lifted for GDN -------------------------------------------
