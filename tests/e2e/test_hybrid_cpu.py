@@ -159,14 +159,15 @@ def test_speculative_server_matches_transformers(start, hybrid, kind):
         server.stop()
 
 
-def _check_known_acceptance(server, hybrid, one_at_a_time: bool) -> None:
-    """The oracle's tokens, in exactly the verify steps the constant draft predicts."""
+def _check_known_acceptance(server, hybrid, one_at_a_time: bool, window: int = BLOCK) -> None:
+    """The oracle's tokens, in exactly the verify steps the constant draft predicts for a
+    verify of `window` positions."""
     singles = [_generate(server, ids) for ids in hybrid["prompts"]] if one_at_a_time else []
     bodies = singles + _generate_all_at_once(server, hybrid["prompts"])
     wants = (hybrid["oracle"] if one_at_a_time else []) + hybrid["oracle"]
     for body, want in zip(bodies, wants):
         assert body["output_ids"] == want[:MAX_TOKENS]
-        assert body["meta_info"]["spec_verify_ct"] == len(constant_draft_steps(want, MAX_TOKENS))
+        assert body["meta_info"]["spec_verify_ct"] == len(constant_draft_steps(want, MAX_TOKENS, window))
     assert _used_tokens(server) == 0
 
 

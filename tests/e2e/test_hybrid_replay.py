@@ -26,9 +26,11 @@ import re
 import pytest
 import torch
 
-from tests.e2e.test_hybrid_cpu import CONSTANT_TOKEN, HYBRID_ARGS, _check_known_acceptance, tie_free_prompts
+from tests.e2e.client import _stream_and_abort
+from tests.e2e.test_hybrid_cpu import (CONSTANT_TOKEN, HYBRID_ARGS, MAX_TOKENS, _check_known_acceptance,
+                                       _generate_all_at_once, _used_tokens, tie_free_prompts)
 from tests.helpers import tiny
-from tests.helpers.servers import BASE_ARGS, BLOCK, server_env
+from tests.helpers.servers import BASE_ARGS, BLOCK, adaptive_config_file, server_env
 
 pytestmark = pytest.mark.sglang_e2e
 
@@ -69,26 +71,79 @@ def remembering(sglang_tmp):
     return paths
 
 
-def test_replay_rollback_commits_the_accepted_prefix_state(start, remembering):
+def _replay_server(start, remembering, name, ring, *extra):
     args = ["--model-path", remembering["target"], *BASE_ARGS, *HYBRID_ARGS, "--speculative-algorithm", "DFLASH",
             "--speculative-draft-model-path", remembering["constant"], "--speculative-dflash-block-size", str(BLOCK),
-            "--enable-linear-replayssm-spec", "--linear-replayssm-cache-len", str(RING), "--disable-radix-cache"]
-    server = start(args, "hybrid-replay", env=server_env(start.tmp))
+            "--enable-linear-replayssm-spec", "--linear-replayssm-cache-len", str(ring), *extra]
+    return start(args, f"hybrid-replay-{name}", env=server_env(start.tmp))
+
+
+def _no_state_snapshots(log: str, ring: int, window: int) -> str:
+    """0.5.23's pool lines and the plugin's: no per-position recurrent state allocated, the
+    compact rings instead; returns the plugin's line."""
+    assert "intermediate_ssm_state_cache size: 0.00GB" in log
+    assert f"GDN ReplaySSM ring buffers allocated (record_len={ring}, fold=False)" in log
+    line = re.search(rf"hybrid replay: GDN ReplaySSM verify for DFLASH, ring L={ring} for a {window}-token "
+                     r"window .*", log)
+    assert line, log[-4000:]
+    assert "per-position recurrent states: none (intermediate_ssm 0 bytes" in line.group(0)
+    assert "hybrid replay: first commit replayed" in log
+    return line.group(0)
+
+
+def test_replay_rollback_commits_the_accepted_prefix_state(start, remembering):
+    server = _replay_server(start, remembering, "tp1", RING, "--disable-radix-cache")
     try:
         _check_known_acceptance(server, remembering, one_at_a_time=True)
         info = server.get("/server_info")
         assert info["enable_linear_replayssm_spec"] is True
         assert info["linear_replayssm_cache_len"] == RING
+        line = _no_state_snapshots(server.log(), RING, BLOCK)
+        assert f"checkpoint folded when a request's records pass {RING - 2 * BLOCK}" in line
+    finally:
+        server.stop()
+
+
+def test_replay_at_tp2_with_b8_the_radix_cache_and_an_abort(start, remembering):
+    """`--tp-size 2` (each rank replays its shard of the heads), b8 (the 16-token draft
+    block, 8 verified: the ring checked against the 8-token window), the radix cache on (every
+    commit folds, so a finished request donates its exact state) and the default ring of 16.
+    A request aborted mid-decode leaves no slot behind: 0.5.23's idle check (strict by
+    default) would stop the scheduler on a leaked request, KV or state slot, and the batch
+    after it would fail."""
+    server = _replay_server(start, remembering, "tp2-b8", 16, "--tp-size", "2", "--speculative-num-draft-tokens", "8")
+    try:
+        _check_known_acceptance(server, remembering, one_at_a_time=False, window=8)
+        aborted = {}
+        _stream_and_abort(server, aborted)
+        chunks, meta = aborted["abort"]
+        assert meta["finish_reason"]["type"] == "abort", meta["finish_reason"]
+        assert 3 <= meta["completion_tokens"] < 1000
+        assert _used_tokens(server) == 0
+        # the same prompts again, now partly served from the radix cache's donated states
+        _check_known_acceptance(server, remembering, one_at_a_time=False, window=8)
         log = server.log()
-        # 0.5.23's own pool lines: no per-position states, compact rings
-        assert "intermediate_ssm_state_cache size: 0.00GB" in log
-        assert f"GDN ReplaySSM ring buffers allocated (record_len={RING}, fold=False)" in log
-        # the plugin's: the replay verify and commit serve DFLASH; the snapshots' bytes not reserved
-        line = re.search(rf"hybrid replay: GDN ReplaySSM verify for DFLASH, ring L={RING} for a {BLOCK}-token "
-                         r"window .*", log)
-        assert line, log[-4000:]
-        assert "per-position recurrent states: none (intermediate_ssm 0 bytes" in line.group(0)
-        assert f"checkpoint folded when a request's records pass {RING - 2 * BLOCK}" in line.group(0)
-        assert "hybrid replay: first commit replayed" in log
+        assert "every commit (radix cache on)" in _no_state_snapshots(log, 16, 8)
+        assert "memory leak detected" not in log
+    finally:
+        server.stop()
+
+
+def test_replay_with_adaptive_widths(start, remembering):
+    """`--speculative-adaptive`: each step verifies a width of {16, 8, 4, 2, 1} (the constant
+    draft's short runs make the narrow ones win), so the ring takes windows of every width;
+    the tokens are Transformers' whatever the width."""
+    server = _replay_server(start, remembering, "adaptive", 32, "--disable-radix-cache", "--speculative-adaptive",
+                            "--speculative-adaptive-config", adaptive_config_file(remembering))
+    try:
+        for body, want in zip(_generate_all_at_once(server, remembering["prompts"]) +
+                              _generate_all_at_once(server, remembering["prompts"][::-1]),
+                              remembering["oracle"] + remembering["oracle"][::-1]):
+            assert body["output_ids"] == want[:MAX_TOKENS]
+        assert _used_tokens(server) == 0
+        log = server.log()
+        _no_state_snapshots(log, 32, BLOCK)
+        widths = {int(w) for w in re.findall(r"adaptive verify: width (\d+) first chosen", log)}
+        assert len(widths) >= 2 and min(widths) < BLOCK, widths
     finally:
         server.stop()
