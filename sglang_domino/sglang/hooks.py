@@ -91,8 +91,12 @@ CPU_ATTENTION = Group("cpu attention", Moment.SCHEDULER_START, "model-running pr
 HYBRID_REPLAY = Group("hybrid replay", Moment.SCHEDULER_START, "schedulers",
                       "DFLASH with `--enable-linear-replayssm-spec`")
 
+# effective max_running_requests (issue 21): rows in the `running requests` block of PATCHES
+RUNNING_REQUESTS = Group("running requests", Moment.SCHEDULER_START, "schedulers", "plugin enabled")
+
 GROUPS = (EVERY_PROCESS, CPU_ENGINE, CPU_STANDIN, CHECKPOINT_COMPAT, CPU_DFLASH, DOMINO_ROLLOUT, B8_RESERVATION,
-          WORKER, STEP, RESOLVE, PLATFORM, DISAGGREGATION, CPU_DISAGGREGATION, B8_STATE, CPU_ATTENTION, ADAPTIVE_METRICS, HYBRID_REPLAY)
+          WORKER, STEP, RESOLVE, PLATFORM, DISAGGREGATION, CPU_DISAGGREGATION, B8_STATE, CPU_ATTENTION, ADAPTIVE_METRICS,
+          HYBRID_REPLAY, RUNNING_REQUESTS)
 
 
 @dataclass(frozen=True)
@@ -161,8 +165,9 @@ PATCHES: tuple[Patch, ...] = (
           "refused at start-up"),
     Patch("scheduler_start_groups", f"{_S}.distributed.bootstrap.init_parallel_runtime",
           "scheduler_start:before_init_parallel_runtime", Kind.BEFORE, EVERY_PROCESS,
-          "installs, before the pools are built, the `disaggregation` groups in a PD server's schedulers and "
-          "`b8 state buffers` when the draft block is wider than the window",
+          "installs, before the pools are built, `running requests` in every scheduler, the `disaggregation` "
+          "groups in a PD server's schedulers, `b8 state buffers` when the draft block is wider than the window "
+          "and `hybrid replay` for DFLASH with `--enable-linear-replayssm-spec`",
           params=("server_args",)),
     # -- CPU engine processes, from the plugin entry point -------------------------------
     Patch("bind_threads", f"{_S}.distributed.bootstrap._bind_threads_if_cpu",
@@ -335,6 +340,15 @@ PATCHES: tuple[Patch, ...] = (
           "cpu.gdn_replay:fused_conv_window_scatter_with_mask", Kind.REPLACE, CPU_STANDIN,
           "the conv windows' rollback (not replayed: kept per position); raises for CPU tensors upstream",
           params=("dst", "src", "dst_indices_raw", "step_indices_raw", "src_indices_raw")),
+    # -- running requests (issue 21): the effective max_running_requests reported -------
+    Patch("running_requests_bounds", f"{_S}.mem_cache.kv_cache_configurator.KVCacheConfigurator.resolve_max_num_reqs",
+          "running_requests:around_resolve_max_num_reqs", Kind.AROUND, RUNNING_REQUESTS,
+          "records the KV and mamba-state bounds it applies, so the summary warning names its cause",
+          params=("token_capacity",)),
+    Patch("running_requests_report", f"{_S}.managers.scheduler.Scheduler.get_init_info",
+          "running_requests:after_get_init_info", Kind.AFTER, RUNNING_REQUESTS,
+          "`/server_info`'s top-level max_running_requests is the value the scheduler admits after every cap "
+          "(the request under requested_max_running_requests); one warning when it is below the request"),
 )
 
 
@@ -468,6 +482,14 @@ DEPENDS: tuple[Dependency, ...] = (
     Dependency(f"{_S}.layers.attention.linear.utils.pp_spec_stable_rows_enabled", "which rows the commit reads"),
     Dependency(f"{_S}.layers.attention.linear.gdn_backend.GDNAttnBackend._replayssm_target_verify",
                "the verify 0.5.23 routes to once the pool has the rings (no hook)"),
+    # -- running requests (issue 21) ------------------------------------------------------
+    Dependency(f"{_S}.mem_cache.kv_cache_configurator.KVCacheConfigurator.mambaish_config",
+               "a hybrid target: its requests are also bounded by the recurrent-state slots"),
+    Dependency(f"{_S}.mem_cache.kv_cache_configurator.KVCacheConfigurator._calculate_mamba_ratio",
+               "state slots one request holds, as the cap divides by"),
+    Dependency(f"{_S}.managers.tp_worker.TpModelWorker.get_worker_info",
+               "the third value is the model runner's max_running_requests after every cap; `Scheduler.__init__` "
+               "unpacks it into `Scheduler.max_running_requests`, which the report reads"),
 )
 
 

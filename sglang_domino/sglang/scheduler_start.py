@@ -15,6 +15,8 @@ from . import settings as scheduler_settings
 def before_init_parallel_runtime(*args, server_args=None, **kwargs):
     if server_args is None:
         return
+    # every server: /server_info reports the max_running_requests the scheduler admits
+    hooks.install(hooks.RUNNING_REQUESTS)
     if str(server_args.disaggregation_mode) in ("prefill", "decode"):
         from .cpu.platform import cpu_engine_on
 

@@ -132,10 +132,16 @@ def test_replay_at_tp2_with_b8_the_radix_cache_and_an_abort(start, remembering):
 def test_replay_with_adaptive_widths(start, remembering):
     """`--speculative-adaptive`: each step verifies a width of {16, 8, 4, 2, 1} (the constant
     draft's short runs make the narrow ones win), so the ring takes windows of every width;
-    the tokens are Transformers' whatever the width."""
+    the tokens are Transformers' whatever the width. The state pool holds 4 requests
+    (`--max-mamba-cache-size 4`, one slot each without the radix cache) of the 16 asked for:
+    `/server_info` reports the 4 admitted, and the start-up log says why once."""
     server = _replay_server(start, remembering, "adaptive", 32, "--disable-radix-cache", "--speculative-adaptive",
-                            "--speculative-adaptive-config", adaptive_config_file(remembering))
+                            "--speculative-adaptive-config", adaptive_config_file(remembering),
+                            "--max-mamba-cache-size", "4")
     try:
+        info = server.get("/server_info")
+        assert (info["max_running_requests"], info["requested_max_running_requests"]) == (4, 16)
+        assert info["internal_states"][0]["effective_max_running_requests_per_dp"] == 4
         for body, want in zip(_generate_all_at_once(server, remembering["prompts"]) +
                               _generate_all_at_once(server, remembering["prompts"][::-1]),
                               remembering["oracle"] + remembering["oracle"][::-1]):
@@ -143,6 +149,9 @@ def test_replay_with_adaptive_widths(start, remembering):
         assert _used_tokens(server) == 0
         log = server.log()
         _no_state_snapshots(log, 32, BLOCK)
+        assert log.count("sglang-domino: max_running_requests is") == 1
+        assert ("sglang-domino: max_running_requests is 4, below the requested 16: capped by the mamba state pool "
+                "(max_mamba_cache_size=4, 1 slot per request)") in log
         widths = {int(w) for w in re.findall(r"adaptive verify: width (\d+) first chosen", log)}
         assert len(widths) >= 2 and min(widths) < BLOCK, widths
     finally:
