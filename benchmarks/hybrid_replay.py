@@ -425,6 +425,7 @@ def mismatches(runs: list[dict], oracle: list) -> dict:
     reference = None if ref is None else next(iter(ref["concurrency"].values()))["requests"]
     total = vs_plain = vs_hf = 0
     detail = []
+    hf_differs: dict[int, dict] = {}  # request -> the servers and first token that differ from Transformers
     for run in runs:
         for conc, res in run["concurrency"].items():
             for i, req in enumerate(res["requests"]):
@@ -434,7 +435,12 @@ def mismatches(runs: list[dict], oracle: list) -> dict:
                     detail.append(dict(round=run["round"], server=run["server"], concurrency=conc, request=i))
                 if oracle and req["output_ids"] != oracle[i][: len(req["output_ids"])]:
                     vs_hf += 1
-    return dict(requests=total, vs_plain=vs_plain, vs_transformers=vs_hf, detail=detail[:50])
+                    at = next(j for j, (a, b) in enumerate(zip(req["output_ids"], oracle[i])) if a != b)
+                    seen = hf_differs.setdefault(i, dict(servers=[], token=at))
+                    if run["server"] not in seen["servers"]:
+                        seen["servers"].append(run["server"])
+    return dict(requests=total, vs_plain=vs_plain, vs_transformers=vs_hf, detail=detail[:50],
+                transformers_detail={str(i): v for i, v in sorted(hf_differs.items())})
 
 
 def _med(values) -> float | None:
@@ -567,6 +573,13 @@ def summarize(data: dict) -> list[str]:
     lines += ["", f"Outputs: {mm['vs_plain']} of {mm['requests']} requests differ from the plain server's first run, "
               f"{mm['vs_transformers']} from Transformers' greedy continuation (every server, round and concurrency; "
               f"prompts chosen with a top-2 margin >= {MIN_MARGIN} on Transformers' path)."]
+    margins = data.get("margins") or []
+    for i, seen in (mm.get("transformers_detail") or {}).items():
+        margin = f" (its smallest top-2 margin on Transformers' path: {margins[int(i)]:.3f})" if margins else ""
+        lines.append(f"Request {i}{margin} differs from Transformers from new token {seen['token']} on: "
+                     f"{', '.join(seen['servers'])}. Where the plain server is among them, the serving path is not the "
+                     "cause: 0.5.23 keeps the gated delta-net conv state in bfloat16 by default "
+                     "(`SGLANG_MAMBA_CONV_DTYPE`), which Transformers' float32 run does not round.")
     return lines
 
 
@@ -619,7 +632,9 @@ def main(argv=None) -> None:
     os.makedirs(args.out, exist_ok=True)
     if args.from_json:
         with open(args.from_json, encoding="utf-8") as fh:
-            write_markdown(args.out, "hybrid_replay.md", summarize(json.load(fh)))
+            data = json.load(fh)
+        data["mismatches"] = mismatches(data["runs"], data.get("oracle") or [])  # recounted from the records
+        write_markdown(args.out, "hybrid_replay.md", summarize(data))
         return
     work = tempfile.mkdtemp(prefix="hybrid-replay-")
     try:
