@@ -50,7 +50,6 @@ GIB = 1 << 30  # 0.5.23's `GB` in its pool lines (srt/mem_cache/memory_pool.py)
 SERVERS = ("plain", "snapshot", "replay")
 BLOCK = 16  # the draft block = the verify window (speculative_num_draft_tokens)
 RING = 32
-LIVE_TOKENS = (300, 301)
 PROMPT_LEN = 24
 # fp32 kernels that differ in summation order agree to ~1e-5 in the logits: prompts whose greedy path
 # passes a top-2 margin below this would compare rounding, not the serving paths
@@ -95,50 +94,17 @@ class Geometry:
 def build_target(path: str, geom: Geometry = Geometry(), seed: int = 0):
     """Save the target (float32) and the tiny tokenizer to `path`; returns the HF model.
 
-    Output head: two opposite rows (+w, -w) at LIVE_TOKENS, the others zero, so greedy output is a
+    Output head: two opposite rows (+w, -w) at HYBRID_LIVE_TOKENS, the others zero, so greedy output is a
     context-dependent sequence over two tokens and a random draft is right about half the time.
     The delta-net layers barely decay (A_log = -4) and write louder into the residual stream, so
     the output depends on the recurrent state (a wrong rollback changes the tokens)."""
-    import torch
-    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+    from sglang_domino.testing import save_tiny_hybrid_target
 
-    from sglang_domino.testing import TINY_VOCAB, tiny_tokenizer
-
-    types = ["full_attention" if (i + 1) % geom.interval == 0 else "linear_attention" for i in range(geom.layers)]
-    config = Qwen3_5TextConfig(
-        vocab_size=TINY_VOCAB, hidden_size=geom.hidden, intermediate_size=2 * geom.hidden,
-        num_hidden_layers=geom.layers, layer_types=types, num_attention_heads=geom.attn_heads,
-        num_key_value_heads=geom.kv_heads, head_dim=geom.attn_head_dim, linear_conv_kernel_dim=geom.conv_kernel,
-        linear_key_head_dim=geom.head_dim, linear_value_head_dim=geom.head_dim, linear_num_key_heads=geom.key_heads,
-        linear_num_value_heads=geom.value_heads, max_position_embeddings=4096, tie_word_embeddings=False,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
-        eos_token_id=None, bos_token_id=None, pad_token_id=None)
-    torch.manual_seed(seed)
-    model = Qwen3_5ForCausalLM(config).to(torch.float32).eval()
-    with torch.no_grad():
-        # a smaller embedding and larger layer weights: the output follows the context
-        model.model.embed_tokens.weight.mul_(0.2)
-        for param in model.model.layers.parameters():
-            if param.dim() == 2:
-                param.mul_(5.0)
-        for layer in model.model.layers:
-            if hasattr(layer, "linear_attn"):
-                layer.linear_attn.A_log.fill_(-4.0)
-                layer.linear_attn.out_proj.weight.mul_(4.0)
-        w = model.lm_head.weight[LIVE_TOKENS[0]].clone() * 8.0
-        model.lm_head.weight.zero_()
-        model.lm_head.weight[LIVE_TOKENS[0]] = w
-        model.lm_head.weight[LIVE_TOKENS[1]] = -w
-    model.config.dtype = "float32"
-    model.save_pretrained(path)
-    # 0.5.23 reads the layer pattern from `full_attention_interval` and the rotary base from `rope_theta`
-    with open(os.path.join(path, "config.json")) as fh:
-        saved = json.load(fh)
-    saved.update(full_attention_interval=geom.interval, rope_theta=10000.0)
-    with open(os.path.join(path, "config.json"), "w") as fh:
-        json.dump(saved, fh, indent=2)
-    tiny_tokenizer().save_pretrained(path)
-    return model
+    return save_tiny_hybrid_target(
+        path, seed, num_layers=geom.layers, full_attention_interval=geom.interval, hidden_size=geom.hidden,
+        attn_heads=geom.attn_heads, kv_heads=geom.kv_heads, attn_head_dim=geom.attn_head_dim,
+        key_heads=geom.key_heads, value_heads=geom.value_heads, head_dim=geom.head_dim,
+        conv_kernel=geom.conv_kernel, a_log=-4.0, linear_out_scale=4.0)
 
 
 def build_models(root: str, geom: Geometry = Geometry()) -> tuple[dict, object]:
@@ -156,6 +122,8 @@ def tie_free_requests(target, n: int, max_new_tokens: int, seed: int = 0) -> tup
     import random
 
     import torch
+
+    from sglang_domino.testing import HYBRID_LIVE_TOKENS as LIVE_TOKENS
 
     rng = random.Random(seed)
     prompts, oracle, margins = [], [], []

@@ -126,3 +126,67 @@ def save_tiny_draft(path: str, target, kind: str, block_size: int = 8, seed: int
     draft = tiny_draft(target, kind, seed=seed, block_size=block_size, mask_token_id=TINY_MASK_ID, **kwargs)
     draft.save_pretrained(path)
     return draft
+
+
+# The hybrid targets' lm_head keeps two opposite rows (+w, -w) and zeroes the others: greedy
+# output is a context-dependent sequence over these two tokens, and a random draft guesses
+# right about half the time, so verifies commit varying prefixes.
+HYBRID_LIVE_TOKENS = (300, 301)
+
+
+def save_tiny_hybrid_target(path: str, seed: int = 0, *, num_layers: int = 4, full_attention_interval: int = 2,
+                            hidden_size: int = 64, attn_heads: int = 4, kv_heads: int = 2, attn_head_dim: int = 16,
+                            key_heads: int = 2, value_heads: int = 4, head_dim: int = 16, conv_kernel: int = 4,
+                            a_log: Optional[float] = None, linear_out_scale: float = 1.0):
+    """Save a tiny Qwen3.5 text target (every `full_attention_interval`-th layer gated
+    attention, the others gated delta-net with `value_heads` / `key_heads` heads of
+    `head_dim`; float32; the HYBRID_LIVE_TOKENS head) and the tiny tokenizer to `path`;
+    returns the model. `a_log` (every delta-net layer's A_log) and `linear_out_scale` (on
+    their output projections) make the recurrent state matter: near -4 the state barely
+    decays, and a louder write makes the output depend on it."""
+    import json
+    import os
+
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    types = ["full_attention" if (i + 1) % full_attention_interval == 0 else "linear_attention"
+             for i in range(num_layers)]
+    config = Qwen3_5TextConfig(
+        vocab_size=TINY_VOCAB, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers, layer_types=types, num_attention_heads=attn_heads,
+        num_key_value_heads=kv_heads, head_dim=attn_head_dim, linear_conv_kernel_dim=conv_kernel,
+        linear_key_head_dim=head_dim, linear_value_head_dim=head_dim, linear_num_key_heads=key_heads,
+        linear_num_value_heads=value_heads, max_position_embeddings=4096, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+        eos_token_id=None, bos_token_id=None, pad_token_id=None)
+    torch.manual_seed(seed)
+    model = Qwen3_5ForCausalLM(config).to(torch.float32).eval()
+    with torch.no_grad():
+        # At the default init the last token's embedding dominates the residual stream and
+        # greedy output settles on one token for good; a smaller embedding and larger layer
+        # weights make it follow the context (runs of 1-4 of each live token).
+        model.model.embed_tokens.weight.mul_(0.2)
+        for param in model.model.layers.parameters():
+            if param.dim() == 2:
+                param.mul_(5.0)
+        for layer in model.model.layers:
+            if hasattr(layer, "linear_attn"):
+                if a_log is not None:
+                    layer.linear_attn.A_log.fill_(a_log)
+                if linear_out_scale != 1.0:
+                    layer.linear_attn.out_proj.weight.mul_(linear_out_scale)
+        w = model.lm_head.weight[HYBRID_LIVE_TOKENS[0]].clone() * 8.0
+        model.lm_head.weight.zero_()
+        model.lm_head.weight[HYBRID_LIVE_TOKENS[0]] = w
+        model.lm_head.weight[HYBRID_LIVE_TOKENS[1]] = -w
+    model.config.dtype = "float32"
+    model.save_pretrained(path)
+    # 0.5.23 reads the layer pattern from `full_attention_interval` (`configs/qwen3_next.py:264`)
+    # and the rotary base from `rope_theta`, as the published Qwen3.5 configs carry them.
+    with open(os.path.join(path, "config.json")) as fh:
+        saved = json.load(fh)
+    saved.update(full_attention_interval=full_attention_interval, rope_theta=saved["rope_parameters"]["rope_theta"])
+    with open(os.path.join(path, "config.json"), "w") as fh:
+        json.dump(saved, fh, indent=2)
+    tiny_tokenizer().save_pretrained(path)
+    return model

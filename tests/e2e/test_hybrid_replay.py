@@ -24,7 +24,6 @@ import os
 import re
 
 import pytest
-import torch
 
 from tests.e2e.client import _stream_and_abort
 from tests.e2e.test_hybrid_cpu import (CONSTANT_TOKEN, HYBRID_ARGS, MAX_TOKENS, _check_known_acceptance,
@@ -41,24 +40,12 @@ OUT_SCALE = 4.0
 
 
 def _remembering_target(path: str):
-    """`tiny.build_hybrid_target` with the delta-net layers changed as above, saved in place
-    (the checkpoint's tensors rewritten, its config kept); returns the HF model."""
-    from safetensors.torch import load_file, save_file
+    """`tiny.build_hybrid_target`'s target with the delta-net layers changed as above, saved
+    to `path`; returns the HF model."""
+    from sglang_domino.testing import save_tiny_hybrid_target
 
-    target = tiny.build_hybrid_target(path)
-    weights_path = os.path.join(path, "model.safetensors")
-    weights = load_file(weights_path)
-    with torch.no_grad():
-        for i, layer in enumerate(target.model.layers):
-            if not hasattr(layer, "linear_attn"):
-                continue
-            layer.linear_attn.A_log.fill_(A_LOG)
-            layer.linear_attn.out_proj.weight.mul_(OUT_SCALE)
-            prefix = f"model.layers.{i}.linear_attn."
-            weights[prefix + "A_log"] = layer.linear_attn.A_log.detach().clone()
-            weights[prefix + "out_proj.weight"] = layer.linear_attn.out_proj.weight.detach().clone()
-    save_file(weights, weights_path, metadata={"format": "pt"})
-    return target
+    return save_tiny_hybrid_target(path, num_layers=len(tiny.HYBRID_LAYERS), full_attention_interval=2, a_log=A_LOG,
+                                   linear_out_scale=OUT_SCALE)
 
 
 @pytest.fixture(scope="module")

@@ -142,44 +142,12 @@ HYBRID_LAYERS = ("linear_attention", "full_attention", "linear_attention", "full
 
 
 def build_hybrid_target(path: str, seed: int = 0):
-    """Save a tiny Qwen3.5 text target (float32, the LIVE_TOKENS head) and the tokenizer."""
-    import torch
-    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+    """Save a tiny Qwen3.5 text target (the HYBRID_LAYERS pattern, float32, the LIVE_TOKENS
+    head) and the tokenizer; returns the model."""
+    from sglang_domino.testing import HYBRID_LIVE_TOKENS, save_tiny_hybrid_target
 
-    config = Qwen3_5TextConfig(
-        vocab_size=TARGET_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=len(HYBRID_LAYERS),
-        layer_types=list(HYBRID_LAYERS), num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2,
-        linear_num_value_heads=4, max_position_embeddings=4096, tie_word_embeddings=False,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
-        eos_token_id=None, bos_token_id=None, pad_token_id=None)
-    torch.manual_seed(seed)
-    model = Qwen3_5ForCausalLM(config).to(torch.float32).eval()
-    with torch.no_grad():
-        # At the default init the last token's embedding dominates the residual stream and
-        # greedy output settles on one token for good; a smaller embedding and larger layer
-        # weights make it follow the context (runs of 1-4 of each live token).
-        model.model.embed_tokens.weight.mul_(0.2)
-        for param in model.model.layers.parameters():
-            if param.dim() == 2:
-                param.mul_(5.0)
-        w = model.lm_head.weight[LIVE_TOKENS[0]].clone() * 8.0
-        model.lm_head.weight.zero_()
-        model.lm_head.weight[LIVE_TOKENS[0]] = w
-        model.lm_head.weight[LIVE_TOKENS[1]] = -w
-    model.config.dtype = "float32"
-    model.save_pretrained(path)
-    # 0.5.23 reads the layer pattern from `full_attention_interval` (`configs/qwen3_next.py:264`)
-    # and the rotary base from `rope_theta`, as the published Qwen3.5 configs carry them.
-    import json
-
-    with open(os.path.join(path, "config.json")) as fh:
-        saved = json.load(fh)
-    saved.update(full_attention_interval=2, rope_theta=saved["rope_parameters"]["rope_theta"])
-    with open(os.path.join(path, "config.json"), "w") as fh:
-        json.dump(saved, fh, indent=2)
-    build_tokenizer().save_pretrained(path)
-    return model
+    assert HYBRID_LIVE_TOKENS == LIVE_TOKENS
+    return save_tiny_hybrid_target(path, seed, num_layers=len(HYBRID_LAYERS), full_attention_interval=2)
 
 
 def build_constant_dflash(path: str, target, token: int, block_size: int, seed: int = 2):

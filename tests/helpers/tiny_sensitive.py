@@ -104,6 +104,16 @@ def round_conv_states(cache, dtype=None) -> None:
                 state.copy_(state.to(dtype).to(state.dtype))
 
 
+def _prefill_rounded(target, prompt: list[int]):
+    """The prompt's cache (conv state rounded, as the pool stores it), its last logits in a
+    list and the first greedy token in a list."""
+    import torch
+
+    out = target(torch.tensor([prompt]), use_cache=True)
+    round_conv_states(out.past_key_values)
+    return out.past_key_values, [out.logits[0, -1]], [int(out.logits[0, -1].argmax())]
+
+
 def decode_rounded(target, prompt: list[int], n: int):
     """Greedy tokens and logits [n, V] of decoding one token at a time with the conv state
     rounded after the prefill and after every token: SGLang's plain decode, and a DFLASH
@@ -111,11 +121,7 @@ def decode_rounded(target, prompt: list[int], n: int):
     import torch
 
     with torch.no_grad():
-        out = target(torch.tensor([prompt]), use_cache=True)
-        cache = out.past_key_values
-        round_conv_states(cache)
-        logits = [out.logits[0, -1]]
-        tokens = [int(logits[-1].argmax())]
+        cache, logits, tokens = _prefill_rounded(target, prompt)
         while len(tokens) < n:
             out = target(torch.tensor([[tokens[-1]]]), past_key_values=cache, use_cache=True)
             round_conv_states(cache)
@@ -132,11 +138,7 @@ def dflash_unrounded(target, prompt: list[int], n: int, token: int = CONSTANT_TO
     import torch
 
     with torch.no_grad():
-        out = target(torch.tensor([prompt]), use_cache=True)
-        cache = out.past_key_values
-        round_conv_states(cache)
-        logits = [out.logits[0, -1]]
-        tokens = [int(logits[-1].argmax())]
+        cache, logits, tokens = _prefill_rounded(target, prompt)
         commits = []
         while len(tokens) < n:
             ids = [tokens[-1]] + [token] * (window - 1)
