@@ -45,6 +45,7 @@ from dataclasses import asdict, dataclass
 
 from .machine import machine
 from .report import write_markdown
+from .sglang_numerics import first_difference
 
 GIB = 1 << 30  # 0.5.23's `GB` in its pool lines (srt/mem_cache/memory_pool.py)
 SERVERS = ("plain", "snapshot", "replay")
@@ -55,9 +56,6 @@ PROMPT_LEN = 24
 # passes a top-2 margin below this would compare rounding, not the serving paths
 MIN_MARGIN = 0.02
 HYBRID_ARGS = ["--mamba-scheduler-strategy", "no_buffer", "--disable-overlap-schedule"]
-SERVER_ENV_DROP = ("SGLANG_USE_CPU_ENGINE", "TRITON_INTERPRET", "SGLANG_DOMINO_DISABLE",
-                   "SGLANG_DOMINO_SCHEDULER_SETTINGS", "SGLANG_DOMINO_ADAPTIVE", "SGLANG_PLUGINS", "SGLANG_PLATFORM",
-                   "PYTHONPATH")
 STARTUP_TIMEOUT = 600
 # state slots per running request with the radix cache on (0.5.23's MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO,
 # no_buffer, no overlap): every server here keeps it on
@@ -266,14 +264,6 @@ def replay_fixed_point(budget: float, state: int, ring_per_row: int, ratio: int)
 
 
 # -- servers -------------------------------------------------------------------------------------
-def server_env(tmp: str) -> dict:
-    """As the tests' servers: no CPU env var, no TRITON_INTERPRET, one OpenMP thread, offline."""
-    env = {k: v for k, v in os.environ.items() if k not in SERVER_ENV_DROP}
-    env.update(SGLANG_CACHE_DIR=os.path.join(tmp, "sglang-cache"), XDG_CACHE_HOME=os.path.join(tmp, "xdg-cache"),
-               HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
-    return env
-
-
 def server_args(server: str, paths: dict, extra: list[str]) -> list[str]:
     args = ["--model-path", paths["target"], "--device", "cpu", "--dtype", "float32", "--sleep-on-idle",
             *HYBRID_ARGS, *extra]
@@ -286,13 +276,13 @@ def server_args(server: str, paths: dict, extra: list[str]) -> list[str]:
 
 
 def start_server(server: str, paths: dict, extra: list[str], out: str, tag: str):
-    from sglang_domino.launch import free_port, sglang_command, start
+    from sglang_domino.launch import free_port, isolated_env, sglang_command, start
 
     port = free_port()
     log_path = os.path.join(out, f"server-{tag}.log")
     t0 = time.time()
     handle = start(sglang_command(server_args(server, paths, extra), port), port, log_path, STARTUP_TIMEOUT,
-                   env=server_env(paths["work"]), tail_lines=60)
+                   env=isolated_env(paths["work"]), tail_lines=60)
     return handle, time.time() - t0
 
 
@@ -403,7 +393,7 @@ def mismatches(runs: list[dict], oracle: list) -> dict:
                     detail.append(dict(round=run["round"], server=run["server"], concurrency=conc, request=i))
                 if oracle and req["output_ids"] != oracle[i][: len(req["output_ids"])]:
                     vs_hf += 1
-                    at = next(j for j, (a, b) in enumerate(zip(req["output_ids"], oracle[i])) if a != b)
+                    at = first_difference(req["output_ids"], oracle[i][: len(req["output_ids"])])
                     seen = hf_differs.setdefault(i, dict(servers=[], token=at))
                     if run["server"] not in seen["servers"]:
                         seen["servers"].append(run["server"])

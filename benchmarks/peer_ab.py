@@ -36,6 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 from .peers import vllm_server
+from .sglang_numerics import first_difference
 
 OURS = ("plain", "domino", "dflash")
 PEERS = vllm_server.CONFIGS
@@ -171,12 +172,6 @@ def measure_server(config: str, cfg, prompts: list[list[int]], concurrencies, lo
 
 
 # -- exactness and the summary (pure) ---------------------------------------------------------
-def first_difference(a: list[int], b: list[int]) -> int | None:
-    from .sglang_numerics import first_difference as first
-
-    return first(a, b)
-
-
 def reference_outputs(runs: list[dict], reference: str = REFERENCE) -> list[list[int]] | None:
     """The reference server's outputs at its lowest concurrency in its first round, or None."""
     mine = [r for r in runs if r["config"] == reference]

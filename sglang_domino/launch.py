@@ -27,6 +27,23 @@ HOST = "127.0.0.1"
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
+# Variables a server started by the tests or a benchmark must not inherit: the CPU engine
+# switch and the interpreter flag of the test process, the plugin's own per-process settings.
+SERVER_ENV_DROP = ("SGLANG_USE_CPU_ENGINE", "TRITON_INTERPRET", "SGLANG_DOMINO_DISABLE",
+                   "SGLANG_DOMINO_SCHEDULER_SETTINGS", "SGLANG_DOMINO_ADAPTIVE",
+                   "SGLANG_PLUGINS", "SGLANG_PLATFORM", "PYTHONPATH")
+
+
+def isolated_env(tmp: str, **extra: str) -> dict[str, str]:
+    """This process's environment without SERVER_ENV_DROP, the server's caches under `tmp`,
+    offline, one OpenMP thread, plus `extra`: `--device cpu` alone must be enough."""
+    env = {k: v for k, v in os.environ.items() if k not in SERVER_ENV_DROP}
+    env.update(SGLANG_CACHE_DIR=os.path.join(tmp, "sglang-cache"), XDG_CACHE_HOME=os.path.join(tmp, "xdg-cache"),
+               HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
+    env.update(extra)
+    return env
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind((HOST, 0))

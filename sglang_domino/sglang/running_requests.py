@@ -41,7 +41,6 @@ class Bounds:
     kv_cap: int                            # 0.5.23 gives each request at least 2 KV tokens
     mamba_cache_size: Optional[int] = None  # hybrid targets: recurrent-state slots
     mamba_ratio: Optional[int] = None      # slots one request holds
-    result: Optional[int] = None
 
     @property
     def mamba_cap(self) -> Optional[int]:
@@ -59,11 +58,11 @@ def around_resolve_max_num_reqs(original, self, token_capacity, *args, **kwargs)
     """Record the bounds upstream applies; its result is returned unchanged."""
     global _bounds
     result = original(self, token_capacity, *args, **kwargs)
-    _bounds = bounds_of(self, int(token_capacity), result)
+    _bounds = bounds_of(self, int(token_capacity))
     return result
 
 
-def bounds_of(configurator, token_capacity: int, result: int) -> Bounds:
+def bounds_of(configurator, token_capacity: int) -> Bounds:
     """The bounds as 0.5.23's method computes them: KV tokens // 2; on a hybrid target,
     state slots // slots per request (the ratio is read after the original ran, which
     raised already if it could not be computed)."""
@@ -74,7 +73,7 @@ def bounds_of(configurator, token_capacity: int, result: int) -> Bounds:
         size = get_schedule().max_mamba_cache_size
         ratio = int(configurator._calculate_mamba_ratio())
     return Bounds(token_capacity=token_capacity, kv_cap=token_capacity // 2, mamba_cache_size=size,
-                  mamba_ratio=ratio, result=result)
+                  mamba_ratio=ratio)
 
 
 @dataclass(frozen=True)

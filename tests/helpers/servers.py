@@ -22,9 +22,6 @@ STARTUP_TIMEOUT = 420
 # Lines of a failed server's log in the error (a TP rank's traceback comes before the
 # other ranks' shutdown lines).
 LOG_TAIL_LINES = 100
-SERVER_ENV_DROP = ("SGLANG_USE_CPU_ENGINE", "TRITON_INTERPRET", "SGLANG_DOMINO_DISABLE",
-                   "SGLANG_DOMINO_SCHEDULER_SETTINGS", "SGLANG_DOMINO_ADAPTIVE",
-                   "SGLANG_PLUGINS", "SGLANG_PLATFORM", "PYTHONPATH")
 
 # --sleep-on-idle: an idle scheduler otherwise busy-polls a core.
 BASE_ARGS = ["--device", "cpu", "--dtype", "float32", "--max-total-tokens", "3072", "--max-running-requests", "16",
@@ -32,13 +29,8 @@ BASE_ARGS = ["--device", "cpu", "--dtype", "float32", "--max-total-tokens", "307
 
 
 def server_env(tmp: str, **extra: str) -> dict[str, str]:
-    """This process's environment without the variables a server must not inherit, its
-    caches under `tmp`, plus `extra`."""
-    env = {k: v for k, v in os.environ.items() if k not in SERVER_ENV_DROP}
-    env.update(SGLANG_CACHE_DIR=os.path.join(tmp, "sglang-cache"), XDG_CACHE_HOME=os.path.join(tmp, "xdg-cache"),
-               HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
-    env.update(extra)
-    return env
+    """`launch.isolated_env`: no inherited CPU switch or interpreter flag, caches under `tmp`."""
+    return launch.isolated_env(tmp, **extra)
 
 
 def start_server(args: list[str], tmp: str, name: str, module_entry: bool = False, env=None) -> launch.Server:
