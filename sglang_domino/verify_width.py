@@ -255,13 +255,20 @@ class AcceptanceStats:
 
 class StepCosts:
     """Seconds per decode step by (batch size, width): a running mean per measured cell,
-    an EMA once it has 1/ema samples. An
-    unmeasured cell is predicted from the nearest batch size where its width was
-    measured, scaled by the ratio of a width measured at both batch sizes (the width
-    running now always is): widths are compared at one batch size, and what carries over
-    between neighbouring batch sizes is how their costs relate. With no width measured at
-    this batch size yet, the nearest batch size's cost is taken as it is. A width never
-    measured is unknown (None): `choose_width` prices it from measured neighbours."""
+    an EMA once it has 1/ema samples.
+
+    Widths are only ever compared at one batch size. An unmeasured cell at a batch size
+    where another width was measured is predicted from the nearest batch size where its
+    width was measured, scaled by the ratio of a width measured at both batch sizes (the
+    width running now always is): what carries over between batch sizes is how the
+    widths' costs relate. A batch size where no width was measured yet is priced as the
+    nearest one that was, every width there (as measured or carried over as above), so
+    that no width's cost is read at one batch size and another's at a distant one: a step
+    at a batch size that only occurs between a finishing request and the next prefill is
+    never timed (the prefill breaks the chain), and pricing each width at its own nearest
+    batch size compared, on the CPU test bed, the widest width at batch 8 with width 8 at
+    batch 1 and chose width 8 at batch 7 every time. A width never measured is unknown
+    (None): `choose_width` prices it from measured neighbours."""
 
     def __init__(self, ema: float):
         self.ema = float(ema)
@@ -280,22 +287,22 @@ class StepCosts:
         row[int(bs)] = seconds if old is None else old + max(self.ema, 1.0 / n) * (seconds - old)
 
     def predict(self, bs: int, width: int) -> Optional[float]:
-        row = self.cells.get(int(width))
+        bs, width = int(bs), int(width)
+        row = self.cells.get(width)
         if not row:
             return None
         if bs in row:
             return row[bs]
         here = {w: r[bs] for w, r in self.cells.items() if bs in r}
-        best = None
+        if not here:   # nothing measured at this batch size: every width at the nearest that was
+            measured = {b for r in self.cells.values() for b in r}
+            return self.predict(min(measured, key=lambda b: (abs(b - bs), b)), width)
         for other in sorted(row, key=lambda b: (abs(b - bs), b)):
             refs = [w for w in here if other in self.cells[w]]
             if refs:
                 ref = max(refs)
-                best = here[ref] * row[other] / self.cells[ref][other]
-                break
-        if best is None:
-            best = row[min(row, key=lambda b: (abs(b - bs), b))]
-        return best
+                return here[ref] * row[other] / self.cells[ref][other]
+        return row[min(row, key=lambda b: (abs(b - bs), b))]
 
 
 def choose_width(widths: Sequence[int], survivals: "Sequence[Sequence[float]] | np.ndarray",

@@ -225,6 +225,23 @@ def test_step_costs_carry_width_ratios_to_other_batch_sizes():
     assert costs.predict(2, 4) is None
 
 
+def test_a_batch_size_never_timed_prices_every_width_at_one_batch_size():
+    """The CPU test bed's case: the widest width timed at batch 1 and 8, width 8 only at
+    batch 1 (a probe); batch 7 occurs only between a finishing request and the next
+    prefill, so it is never timed. Width 8 at batch 7 must be priced at batch 8 (carried
+    over by the 8/16 ratio at batch 1), not as batch 1's cost beside width 16's at batch 8."""
+    costs = StepCosts(ema=0.3)
+    costs.observe(1, 16, 0.023)
+    costs.observe(1, 8, 0.022)
+    costs.observe(8, 16, 0.060)
+    assert costs.predict(7, 16) == pytest.approx(0.060)
+    assert costs.predict(7, 8) == pytest.approx(0.060 * 0.022 / 0.023)
+    # so at batch 7 width 16 wins whenever it commits more than 0.96 x width 8's tokens
+    survivals = [[0.95 ** k for k in range(1, 16)]] * 7
+    width, _ = choose_width(WIDTHS, survivals, lambda w: costs.predict(7, w))
+    assert width == 16
+
+
 class Simulated:
     """A server whose requests accept each proposal with their own rate and whose step
     cost grows with the verified tokens (bs x width) plus a draft cost when drafting."""

@@ -155,6 +155,16 @@ PATCHES: tuple[Patch, ...] = (
           "plugin:before_validate_one_request", Kind.BEFORE, EVERY_PROCESS,
           "prompt token ids outside the vocabulary are refused instead of killing the scheduler",
           params=("obj", "input_ids")),
+    Patch("request_proposals_kept", f"{_S}.managers.tokenizer_manager.TokenizerManager.update_request_meta_info",
+          "request_accept:around_update_request_meta_info", Kind.AROUND, EVERY_PROCESS,
+          "an adaptive server's per-request proposal count (customized info) is kept on the request's state, "
+          "not accumulated into meta_info; other customized info passes unchanged",
+          params=("meta_info", "state", "customized_info", "index", "finish_reason")),
+    Patch("request_accept_rate", f"{_S}.managers.tokenizer_manager.TokenizerManager._calculate_spec_decoding_metrics",
+          "request_accept:around_calculate_spec_decoding_metrics", Kind.AROUND, EVERY_PROCESS,
+          "meta_info.spec_accept_rate of an adaptive server's request divides by the proposals its steps "
+          "verified, not by every step at the largest width",
+          params=("meta_info", "recv_obj", "i")),
     Patch("resolve_dflash", "handle_speculative_decoding", "resolve:resolve_speculative", Kind.RESOLUTION,
           EVERY_PROCESS, "verify width below the block, adaptive width, q rule, draft checked against the target, "
           "DFLASH allowed on CPU"),
@@ -271,6 +281,10 @@ PATCHES: tuple[Patch, ...] = (
           "metrics:around_report_decode_stats", Kind.AROUND, ADAPTIVE_METRICS,
           "the logged and exported accept rate divides by the proposals adaptive steps verified, not by every "
           "step at the largest width"),
+    Patch("request_proposals_sent", f"{_S}.managers.scheduler.Scheduler.get_output_streamer_class",
+          "request_accept:around_get_output_streamer_class", Kind.AROUND, ADAPTIVE_METRICS,
+          "the output streamer adds each request's count of verified proposals to its outputs (0.5.23's "
+          "customized-info channel), for its accept rate in meta_info"),
     Patch("first_verify_log", f"{_S}.managers.tp_worker.TpModelWorker.forward_batch_generation",
           "worker:FirstVerifyLog", Kind.INSTANCE, WORKER,
           "the target worker of a DominoDFlashWorker: the first verify's width logged (what the target computed "

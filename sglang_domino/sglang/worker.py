@@ -39,7 +39,7 @@ from sglang.srt.speculative.draft_worker_common import make_draft_block_spec_inf
 from typing_extensions import override
 
 from ..verify_width import AdaptiveWidth, FixedWidth
-from . import HF_WINDOW_ENV, draft_tail, env_flag, hooks, warmup
+from . import HF_WINDOW_ENV, draft_tail, env_flag, hooks, request_accept, warmup
 from . import settings as scheduler_settings
 from .checks import check_draft_against_target, read_draft_config, read_target_config
 from .cpu import dflash as cpu_dflash
@@ -87,7 +87,7 @@ class DominoDFlashWorker(DFlashWorkerV2):
                              else FixedWidth(int(self.block_size)))
         self._widths = WidthSwitch(self)
         self._clock = StepTimer.for_device(self.device, overlap=not get_schedule().disable_overlap_schedule)
-        # (rids, width, timing events) of adaptive steps whose results are not processed yet
+        # (reqs, rids, width, timing events) of adaptive steps whose results are not processed yet
         self._in_flight = collections.deque()
         # proposals verified by adaptive steps since the scheduler last logged its accept rate
         self.drafts_proposed = 0
@@ -143,11 +143,12 @@ class DominoDFlashWorker(DFlashWorkerV2):
             self._clock.break_chain()
         if not decode or isinstance(self.width_policy, FixedWidth):
             return self._forward_with_q_rollout(batch, *args, **kwargs)
-        rids = [req.rid for req in batch.reqs]
+        reqs = list(batch.reqs)
+        rids = [req.rid for req in reqs]
         width = self._choose_width(rids)
         with self._widths.at(width), self._clock.around_launch() as marks:
             result = self._forward_with_q_rollout(batch, *args, **kwargs)
-        self._in_flight.append((rids, width, marks))
+        self._in_flight.append((reqs, rids, width, marks))
         return result
 
     @override
@@ -158,8 +159,9 @@ class DominoDFlashWorker(DFlashWorkerV2):
         super().on_verify_complete_cpu(num_correct_drafts_per_req, batch_size=batch_size)
         if not self._in_flight:
             return
-        rids, width, marks = self._in_flight.popleft()
+        reqs, rids, width, marks = self._in_flight.popleft()
         self.drafts_proposed += len(num_correct_drafts_per_req) * (width - 1)
+        request_accept.count_proposals(reqs, width)   # each request's accept rate in meta_info
         seconds = self._clock.elapsed(marks)
         if seconds is not None:
             self.width_policy.observe_cost(len(rids), width, seconds)

@@ -46,8 +46,15 @@ def test_generate_reports_speculation(spec):
     # every verify step commits between 1 and `width` tokens (prefill gives the first)
     assert meta["spec_verify_ct"] * 1 <= MAX_TOKENS - 1 <= meta["spec_verify_ct"] * width
     # proposals the target verified per step: 15 of the 16-slot block, 7 with width 8 (the
-    # draft block is still 16), 16 with the HF window
-    assert meta["spec_num_proposed_drafts"] == meta["spec_verify_ct"] * config.proposals_per_step
+    # draft block is still 16), 16 with the HF window; adaptive: W - 1 per step at width W
+    # (`request_accept.py`), and the rate is over those
+    if config.adaptive:
+        assert meta["spec_num_correct_drafts"] <= meta["spec_num_proposed_drafts"] \
+            <= meta["spec_verify_ct"] * config.proposals_per_step
+        assert meta["spec_accept_rate"] == pytest.approx(meta["spec_num_correct_drafts"]
+                                                         / meta["spec_num_proposed_drafts"])
+    else:
+        assert meta["spec_num_proposed_drafts"] == meta["spec_verify_ct"] * config.proposals_per_step
     # the scheduler process ran this project's worker (spawned process: entry-point plugin)
     log = spec.log()
     shown = "adaptive [16, 8, 4, 2, 1]" if config.adaptive else width
