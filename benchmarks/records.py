@@ -27,6 +27,10 @@ class Record(BaseModel):
     end_s: float
     latency_s: float
     tok_per_s: float                 # this request's completion tokens / latency
+    # greedy runs of the HF benchmark: the completion against target-only decoding's on the
+    # same prompt (None: not checked, e.g. sampled, or the reference run itself)
+    equal_output: Optional[bool] = None
+    first_difference: Optional[int] = None   # index of the first completion token that differs
 
 
 def write(path: str, records: Iterable[Record], append: bool = True) -> None:

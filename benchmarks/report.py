@@ -8,7 +8,9 @@ Definitions (all from the records alone):
   end - first start); a cell is the mean over repeats, with the spread (population stdev);
 - speedup = a method's throughput / target-only throughput on the same task and concurrency;
 - macro speedup = arithmetic mean of the per-workload speedups;
-- accept length = tokens committed by verification steps / verification steps (bonus included).
+- accept length = tokens committed by verification steps / verification steps (bonus included);
+- equal output (where records carry the HF benchmark's `equal_output`): requests whose greedy
+  completion equals target-only decoding's on the same prompt, token for token.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import os
 import statistics
 import sys
 from collections import defaultdict
+from typing import Optional
 
 from .records import TARGET_ONLY, Record, read
 
@@ -49,6 +52,16 @@ def accept_lengths(records: list[Record]) -> dict[tuple[str, str, int], float]:
         acc[0] += r.accepted_tokens
         acc[1] += r.verify_steps
     return {k: a / s for k, (a, s) in steps.items() if s}
+
+
+def equal_outputs(records: list[Record]) -> dict[tuple[str, str, int], list[Optional[int]]]:
+    """(method, task, concurrency) -> per checked request, where its completion first differs
+    from target-only decoding's (None: equal), from the records' `equal_output`."""
+    out: dict[tuple[str, str, int], list[Optional[int]]] = defaultdict(list)
+    for r in records:
+        if r.equal_output is not None:
+            out[(r.method, r.task, r.concurrency)].append(None if r.equal_output else r.first_difference or 0)
+    return dict(out)
 
 
 def summarize(records: list[Record], title: str = "Benchmark") -> str:
@@ -92,7 +105,33 @@ def summarize(records: list[Record], title: str = "Benchmark") -> str:
                     f"{acc[(m, task, conc)]:.2f}" if (m, task, conc) in acc else "—" for m in spec) + " |")
         lines.append("")
     lines += _adaptive_section(tps, methods, tasks, concs)
+    lines += _equal_section(equal_outputs(records), methods, tasks, concs)
     return "\n".join(lines)
+
+
+def _equal_section(equal, methods, tasks, concs) -> list[str]:
+    checked = [m for m in methods if any(k[0] == m for k in equal)]
+    if not checked:
+        return []
+    lines = ["## Equal output", "",
+             "Requests whose greedy completion equals target-only decoding's on the same prompt, token for token "
+             "(target-only: its repeats against its first run); where some differ, the first differing token "
+             "index (smallest).", "",
+             "| workload | concurrency | " + " | ".join(checked) + " |", "|---|---|" + "---|" * len(checked)]
+    for conc in concs:
+        for task in tasks:
+            cells = []
+            for m in checked:
+                firsts = equal.get((m, task, conc))
+                if not firsts:
+                    cells.append("—")
+                    continue
+                differ = [f for f in firsts if f is not None]
+                cells.append(f"{len(firsts) - len(differ)} of {len(firsts)}"
+                             + (f" (first at {min(differ)})" if differ else ""))
+            lines.append(f"| {task} | {conc} | " + " | ".join(cells) + " |")
+    lines.append("")
+    return lines
 
 
 ADAPTIVE_SUFFIX = "-adaptive"
