@@ -14,9 +14,8 @@ Writes a checkpoint directory that `AutoModelForCausalLM.from_pretrained` loads 
 `train_summary.json`: spec, wall time, threads, parameters, held-out perplexity and the
 loss curve. Not a build stage: `build.py` and `manifest.json` do not know about it, and a
 rebuild of the test bed (`release.publish`) replaces the checkpoints directory without it.
-On the 2-core build machine, one thread (estimated, not yet run at full length): about 75 s
-to generate and tokenize the corpus, then about 0.13 s a step (a sixth of the target's
-0.81 s in manifest.json), so 1,500 steps in about 3.5 minutes; about 5 minutes in all.
+Measured on a 2-core Sapphire Rapids, one thread: 468 s in all (428 s of training), held-out
+perplexity 3.47 against the target's 3.18 (`checkpoints/assistant/train_summary.json`).
 """
 
 from __future__ import annotations
