@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 
 import psutil
 import pytest
@@ -19,11 +20,18 @@ from tests.helpers.servers import server_env
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # what ./scripts/demo.sh passes (it runs from the repository root)
 DEMO = [sys.executable, "-m", "sglang_domino.demo", "--testbed", os.path.join("benchmarks", "testbed", "checkpoints")]
+# In the environment of every demo this module runs, and so of every server the demo
+# starts: what it left running is told apart from another test worker's servers by this.
+MARK_ENV, MARK = "SGLANG_DOMINO_DEMO_TEST", uuid.uuid4().hex
+
+
+def _env(tmp, **extra):
+    return server_env(tmp, **{MARK_ENV: MARK}, **extra)
 
 
 def _demo(args, tmp, timeout=900):
     """The demo, its temporary directories (the server logs' by default) under `tmp`."""
-    return subprocess.run([*DEMO, *args], cwd=ROOT, env=server_env(tmp, TMPDIR=tmp), capture_output=True, text=True,
+    return subprocess.run([*DEMO, *args], cwd=ROOT, env=_env(tmp, TMPDIR=tmp), capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -35,7 +43,6 @@ def _listening(port: int) -> bool:
 @pytest.mark.sglang_e2e
 def test_demo_serves_the_test_bed_and_reports_identical_outputs(sglang_tmp):
     port = 30000 + os.getpid() % 1000
-    before = {p.pid for p in psutil.process_iter()}
     proc = _demo(["--prompts", "2", "--tokens", "48", "--port", str(port)], sglang_tmp)
     out = proc.stdout
     assert proc.returncode == 0, out[-3000:] + proc.stderr[-3000:]
@@ -49,7 +56,7 @@ def test_demo_serves_the_test_bed_and_reports_identical_outputs(sglang_tmp):
     assert accept > 2.0
     # the server logs went to a new temporary directory
     assert re.search(rf"^\[demo\] log: {re.escape(sglang_tmp)}/sglang-domino-demo-\w+/server-domino\.log$", out, re.M)
-    assert not _listening(port) and not _left_since(before)
+    assert not _listening(port) and not _left_behind()
 
 
 def _servers_on(port: int) -> list[int]:
@@ -58,27 +65,33 @@ def _servers_on(port: int) -> list[int]:
             and str(port) in p.info["cmdline"]]
 
 
-def _left_since(before: set[int], wait: float = 15.0) -> list[str]:
+def _left_behind(wait: float = 15.0) -> list[str]:
     """SGLang processes (the server, its `sglang::scheduler` and `sglang::detokenizer`
-    children) started after `before` was taken and still alive after a grace period."""
+    children) started by this module's demos and still alive after a grace period."""
     deadline = time.time() + wait
     while True:
         left = []
         for p in psutil.process_iter(["cmdline", "status"]):
             cmdline = " ".join(p.info["cmdline"] or [])
-            if p.pid not in before and "sglang" in cmdline and p.info["status"] != psutil.STATUS_ZOMBIE:
+            if "sglang" in cmdline and p.info["status"] != psutil.STATUS_ZOMBIE and _marked(p):
                 left.append(f"{p.pid} {cmdline[:120]}")
         if not left or time.time() > deadline:
             return left
         time.sleep(0.5)
 
 
+def _marked(p: psutil.Process) -> bool:
+    try:
+        return p.environ().get(MARK_ENV) == MARK
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
 @pytest.mark.sglang_e2e
 def test_demo_interrupted_while_a_server_starts_leaves_nothing_running(sglang_tmp):
     port = 31000 + os.getpid() % 1000
     cmd = [*DEMO, "--log-dir", os.path.join(sglang_tmp, "demo-int"), "--port", str(port)]
-    before = {p.pid for p in psutil.process_iter()}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=server_env(sglang_tmp), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(sglang_tmp), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
         for line in proc.stdout:
@@ -87,7 +100,7 @@ def test_demo_interrupted_while_a_server_starts_leaves_nothing_running(sglang_tm
         assert _servers_on(port), "the Domino server was not started"
         # Interrupt once the server has spawned its scheduler: the children must go too.
         deadline = time.time() + 180
-        while not any("sglang::scheduler" in p for p in _left_since(before, wait=0)) and time.time() < deadline:
+        while not any("sglang::scheduler" in p for p in _left_behind(wait=0)) and time.time() < deadline:
             time.sleep(0.5)
         proc.send_signal(signal.SIGINT)     # what Ctrl-C sends
         rest = proc.communicate(timeout=120)[0]
@@ -95,7 +108,7 @@ def test_demo_interrupted_while_a_server_starts_leaves_nothing_running(sglang_tm
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130 and "interrupted; the server was stopped" in rest
-    assert not _listening(port) and not _left_since(before)
+    assert not _listening(port) and not _left_behind()
 
 
 def test_demo_refuses_a_busy_port_with_a_clear_message(sglang_tmp):
