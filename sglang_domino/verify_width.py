@@ -431,13 +431,13 @@ class AdaptiveWidth:
         from a warm-up request the draft cannot predict) would never be corrected; nor
         would the cost of a width not run at this batch size."""
         bs = len(rids)
-        survivals = self.stats.survivals(rids)
-        width, self.last_scores = choose_width(self.widths, survivals, lambda w: self.costs.predict(bs, w))
         self.steps += 1
         repeat = self._repeat(bs)
-        if repeat is not None:
+        if repeat is not None:   # no scoring: the width is still being timed
             width = repeat
         else:
+            survivals = self.stats.survivals(rids)
+            width, self.last_scores = choose_width(self.widths, survivals, lambda w: self.costs.predict(bs, w))
             probe = self._probe(width, bs)
             width = probe if probe is not None else width
             # a width with fewer than `settle` timings at this batch size keeps running

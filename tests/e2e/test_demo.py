@@ -21,7 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # what ./scripts/demo.sh passes (it runs from the repository root)
 DEMO = [sys.executable, "-m", "sglang_domino.demo", "--testbed", os.path.join("benchmarks", "testbed", "checkpoints")]
 # In the environment of every demo this module runs, and so of every server the demo
-# starts: what it left running is told apart from another test worker's servers by this.
+# starts: what it left running is told apart by this from servers of other tests or runs.
 MARK_ENV, MARK = "SGLANG_DOMINO_DEMO_TEST", uuid.uuid4().hex
 
 
