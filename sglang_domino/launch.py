@@ -78,12 +78,19 @@ class Server:
     """A server process started from `cmd` (which must listen on HOST:port), its output
     in `log_path`. Start it with `start()`, or construct it and call `wait_healthy()`."""
 
-    def __init__(self, cmd: list[str], port: int, log_path: str, env: Optional[dict] = None):
+    def __init__(self, cmd: list[str], port: int, log_path: str, env: Optional[dict] = None,
+                 popen: Optional[Callable] = None):
+        """`popen(cmd, log, env)` starts the process instead of `subprocess.Popen`: it must
+        return an object with Popen's `pid`, `poll()`, `wait(timeout)` and `returncode`, the
+        process leading a session of its own (the tests' forked servers)."""
         self.cmd, self.port, self.log_path = cmd, port, log_path
         self.url = f"http://{HOST}:{port}"
         self._log = open(log_path, "w", encoding="utf-8")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
-                                     env=env)
+        if popen is not None:
+            self.proc = popen(cmd, self._log, env)
+        else:
+            self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+                                         env=env)
         # Every process seen in the server's group (the leader excluded): its ranks,
         # scheduler and detokenizer. Updated when it becomes healthy and when it stops.
         self.children: set[int] = set()
@@ -201,9 +208,10 @@ def _signal_group(pgid: int, sig: int) -> None:
 
 
 def start(cmd: list[str], port: int, log_path: str, timeout: float, env: Optional[dict] = None,
-          on_wait: Optional[Callable[[float], None]] = None, tail_lines: int = 15) -> Server:
+          on_wait: Optional[Callable[[float], None]] = None, tail_lines: int = 15,
+          popen: Optional[Callable] = None) -> Server:
     """A healthy Server; stopped again if it does not become healthy (or on Ctrl-C)."""
-    server = Server(cmd, port, log_path, env)
+    server = Server(cmd, port, log_path, env, popen)
     try:
         return server.wait_healthy(timeout, on_wait, tail_lines)
     except BaseException:

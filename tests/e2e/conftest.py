@@ -7,16 +7,24 @@ from __future__ import annotations
 import pytest
 
 from tests.e2e.client import CHAT, HF_PROMPTS, PROMPTS, chat, completion, generate_ids, streams_expected
-from tests.helpers.servers import BASE_ARGS, start_server
+from tests.helpers.servers import BASE_ARGS, Zygote, start_server
 
 
 @pytest.fixture(scope="session")
 def start(sglang_tmp):
-    """`start(args, name, module_entry=False, env=None)` -> a healthy `launch.Server`."""
+    """`start(args, name, module_entry=False, env=None, spawn=False)` -> a healthy
+    `launch.Server`. Forked from one zygote (`tests.helpers.zygote`: half the start-up
+    time) unless it must be spawned: `module_entry` (`python -m sglang.launch_server`), an
+    environment with a PYTHONPATH (read by a fresh interpreter only), or `spawn`."""
     started = []
+    zygote = []
 
-    def _start(args, name, **kwargs):
-        server = start_server(args, sglang_tmp, name, **kwargs)
+    def _start(args, name, module_entry=False, env=None, spawn=False):
+        spawn = spawn or module_entry or "PYTHONPATH" in (env or {})
+        if not spawn and not zygote:
+            zygote.append(Zygote(sglang_tmp))
+        server = start_server(args, sglang_tmp, name, module_entry=module_entry, env=env,
+                              zygote=None if spawn else zygote[0])
         started.append(server)
         return server
 
@@ -26,6 +34,8 @@ def start(sglang_tmp):
     finally:
         for server in started:
             server.stop()
+        for z in zygote:
+            z.close()
 
 
 @pytest.fixture(scope="session")

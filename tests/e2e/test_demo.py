@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 
@@ -19,19 +21,24 @@ from tests.helpers.servers import server_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # what ./scripts/demo.sh passes (it runs from the repository root)
-DEMO = [sys.executable, "-m", "sglang_domino.demo", "--testbed", os.path.join("benchmarks", "testbed", "checkpoints")]
-# In the environment of every demo this module runs, and so of every server the demo
-# starts: what it left running is told apart by this from servers of other tests or runs.
-MARK_ENV, MARK = "SGLANG_DOMINO_DEMO_TEST", uuid.uuid4().hex
+DEMO = [sys.executable, "-m", "sglang_domino.demo", "--testbed", os.path.join(ROOT, "benchmarks", "testbed", "checkpoints")]
+# The working directory of every demo this module runs, and so of every process its
+# servers start: what it left running is told apart by it from servers of other tests or
+# runs. (Not an environment variable: a scheduler's `setproctitle` overwrites the memory
+# /proc/PID/environ shows; and not the parent: a leftover child is re-parented.)
+CWD = os.path.join(tempfile.gettempdir(), f"sglang-domino-demo-test-{uuid.uuid4().hex}")
 
 
-def _env(tmp, **extra):
-    return server_env(tmp, **{MARK_ENV: MARK}, **extra)
+@pytest.fixture(scope="module", autouse=True)
+def _demo_cwd():
+    os.makedirs(CWD)
+    yield
+    shutil.rmtree(CWD, ignore_errors=True)
 
 
 def _demo(args, tmp, timeout=900):
     """The demo, its temporary directories (the server logs' by default) under `tmp`."""
-    return subprocess.run([*DEMO, *args], cwd=ROOT, env=_env(tmp, TMPDIR=tmp), capture_output=True, text=True,
+    return subprocess.run([*DEMO, *args], cwd=CWD, env=server_env(tmp, TMPDIR=tmp), capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -82,8 +89,8 @@ def _left_behind(wait: float = 15.0) -> list[str]:
 
 def _marked(p: psutil.Process) -> bool:
     try:
-        return p.environ().get(MARK_ENV) == MARK
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return p.cwd() == CWD
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return False
 
 
@@ -91,7 +98,7 @@ def _marked(p: psutil.Process) -> bool:
 def test_demo_interrupted_while_a_server_starts_leaves_nothing_running(sglang_tmp):
     port = 31000 + os.getpid() % 1000
     cmd = [*DEMO, "--log-dir", os.path.join(sglang_tmp, "demo-int"), "--port", str(port)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(sglang_tmp), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(cmd, cwd=CWD, env=server_env(sglang_tmp), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
         for line in proc.stdout:

@@ -14,7 +14,7 @@ import os
 import pytest
 
 from tests.e2e.client import HF_PROMPTS, MAX_TOKENS, check_streams_and_abort, generate_ids
-from tests.helpers.servers import BASE_ARGS, ServerConfig, alive, start_server
+from tests.helpers.servers import BASE_ARGS, ServerConfig, alive
 
 pytestmark = pytest.mark.sglang_e2e
 
@@ -84,8 +84,7 @@ def test_tp2_streams_and_abort_free_every_kv_slot(tp2_spec, tp1):
     check_streams_and_abort(tp2_spec, tp1["streams"])
 
 
-def test_more_ranks_than_cores_stops_the_server_with_the_reason(models, sglang_tmp):
+def test_more_ranks_than_cores_stops_the_server_with_the_reason(models, start):
     ranks = len(os.sched_getaffinity(0)) + 1
     with pytest.raises(RuntimeError, match=f"= {ranks} ranks on CPU needs a core per rank"):
-        start_server(["--model-path", models["target"], *BASE_ARGS, "--tp-size", str(ranks)], sglang_tmp,
-                     f"tp{ranks}-refused")
+        start(["--model-path", models["target"], *BASE_ARGS, "--tp-size", str(ranks)], f"tp{ranks}-refused")

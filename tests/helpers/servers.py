@@ -33,14 +33,95 @@ def server_env(tmp: str, **extra: str) -> dict[str, str]:
     return launch.isolated_env(tmp, **extra)
 
 
-def start_server(args: list[str], tmp: str, name: str, module_entry: bool = False, env=None) -> launch.Server:
+def start_server(args: list[str], tmp: str, name: str, module_entry: bool = False, env=None,
+                 zygote: "Zygote | None" = None) -> launch.Server:
     """A healthy `sglang serve ARGS` (`python -m sglang.launch_server ARGS` with
-    `module_entry`), its log `tmp/server-NAME-PORT.log`; RuntimeError with the log's tail
-    if it exits or is not healthy within STARTUP_TIMEOUT (it is stopped then)."""
+    `module_entry`), forked from `zygote` when one is given, its log
+    `tmp/server-NAME-PORT.log`; RuntimeError with the log's tail if it exits or is not
+    healthy within STARTUP_TIMEOUT (it is stopped then)."""
     port = launch.free_port()
     cmd = launch.sglang_command(args, port, module_entry)
     log_path = os.path.join(tmp, f"server-{name}-{port}.log")
-    return launch.start(cmd, port, log_path, STARTUP_TIMEOUT, env=env or server_env(tmp), tail_lines=LOG_TAIL_LINES)
+    popen = None
+    if zygote is not None:
+        if module_entry:
+            raise ValueError("a forked server runs `sglang serve`; module_entry needs a spawned one")
+        popen = zygote.popen
+    return launch.start(cmd, port, log_path, STARTUP_TIMEOUT, env=env or server_env(tmp), tail_lines=LOG_TAIL_LINES,
+                        popen=popen)
+
+
+class Forked:
+    """A server forked by the zygote, seen through Popen's `pid`, `poll()`, `wait()` and
+    `returncode`: it is not this process's child, so its exit code comes from the file
+    the zygote writes when it reaps it."""
+
+    def __init__(self, pid: int, exit_path: str):
+        self.pid, self._exit_path, self.returncode = pid, exit_path, None
+
+    def poll(self):
+        if self.returncode is None and os.path.exists(self._exit_path):
+            with open(self._exit_path) as fh:
+                text = fh.read().strip()
+            if text:
+                self.returncode = int(text)
+        return self.returncode
+
+    def wait(self, timeout=None):
+        import subprocess
+        import time
+
+        deadline = None if timeout is None else time.time() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.time() > deadline:
+                raise subprocess.TimeoutExpired(["forked server", str(self.pid)], timeout)
+            time.sleep(0.1)
+        return self.returncode
+
+
+class Zygote:
+    """`python -m tests.helpers.zygote` (see there: why, and what a forked server does
+    not prove), started in the tests' environment `server_env(tmp)`; `popen` is
+    `launch.Server`'s hook. `close()` ends it (the servers it forked are stopped by
+    their own `stop()`)."""
+
+    def __init__(self, tmp: str):
+        import subprocess
+        import sys
+
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        self._log = open(os.path.join(tmp, "zygote.log"), "w")
+        self._proc = subprocess.Popen([sys.executable, "-m", "tests.helpers.zygote"], cwd=root, env=server_env(tmp),
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True)
+        self._answer()  # {"ready": true} once SGLang is imported
+
+    def _answer(self) -> dict:
+        line = self._proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the zygote exited: {launch.tail(self._log.name, LOG_TAIL_LINES)}")
+        answer = json.loads(line)
+        if "error" in answer:
+            raise RuntimeError(answer["error"])
+        return answer
+
+    def popen(self, cmd: list[str], log, env) -> Forked:
+        argv = cmd[cmd.index("serve") + 1:]
+        exit_path = log.name + ".exit"
+        if os.path.exists(exit_path):
+            os.remove(exit_path)
+        log.flush()
+        self._proc.stdin.write(json.dumps({"argv": argv, "env": dict(env), "log": log.name}) + "\n")
+        self._proc.stdin.flush()
+        return Forked(self._answer()["pid"], exit_path)
+
+    def close(self) -> None:
+        self._proc.stdin.close()
+        try:
+            self._proc.wait(timeout=30)
+        except Exception:
+            self._proc.kill()
+            self._proc.wait()
+        self._log.close()
 
 
 def start_gateway(routing: list[str], tmp: str, model: str, name: str = "gateway") -> launch.Server:
