@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.e2e.client import (CHAT, HF_PROMPTS, MAX_TOKENS, PROMPTS, check_streams_and_abort, chat, completion,
-                              generate_ids)
+                              generate_ids, transformers_spec)
 from tests.helpers import tiny
 from tests.helpers.servers import ADAPTIVE_LOG_EVERY, BASE_ARGS, BLOCK, SPEC_CONFIGS, server_env
 
@@ -55,24 +55,13 @@ def test_generate_reports_speculation(spec):
                                                          / meta["spec_num_proposed_drafts"])
     else:
         assert meta["spec_num_proposed_drafts"] == meta["spec_verify_ct"] * config.proposals_per_step
-    # the scheduler process ran this project's worker (spawned process: entry-point plugin)
+    # the scheduler process ran this project's worker (the plugin, loaded through its entry point)
     log = spec.log()
     shown = "adaptive [16, 8, 4, 2, 1]" if config.adaptive else width
     assert f"sglang-domino DFLASH worker: device=cpu, draft block={BLOCK}, verify width={shown}" in log
     # and the target computed `width` positions per request, not the draft block's 16
     tokens, requests = map(int, re.search(r"first verify: the target computed (\d+) tokens for (\d+) request", log).groups())
     assert tokens == width * requests
-
-
-def _hf_stats(models, kind, input_ids, width):
-    from sglang_domino.hf import DFlashDraftModel
-
-    draft = DFlashDraftModel.from_pretrained(models[kind])
-    target = models["hf_target"]
-    # width BLOCK + 1 is the backend's own default for shift_label drafts (None)
-    out, stats = draft.spec_generate(torch.tensor([input_ids]), target, max_new_tokens=MAX_TOKENS,
-                                     return_stats=True, num_verify_tokens=None if width == BLOCK + 1 else width)
-    return out[0, len(input_ids):].tolist(), stats
 
 
 def test_accept_lengths_match_transformers_backend(spec, models):
@@ -83,7 +72,7 @@ def test_accept_lengths_match_transformers_backend(spec, models):
     width = config.verify_window
     total_steps = 0
     for ids in HF_PROMPTS:
-        hf_tokens, stats = _hf_stats(models, config.draft, ids, width)
+        hf_tokens, stats = transformers_spec(models, config.draft, ids, width)
         body = generate_ids(spec, ids)
         assert body["output_ids"] == hf_tokens, (config.name, ids)
         meta = body["meta_info"]

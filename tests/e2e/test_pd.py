@@ -18,8 +18,8 @@ import threading
 import pytest
 
 from sglang_domino import launch
-from tests.e2e.client import HF_PROMPTS, check_streams_and_abort, generate_ids
-from tests.helpers.servers import BASE_ARGS, SPEC_CONFIGS, start_gateway
+from tests.e2e.client import HF_PROMPTS, check_streams_and_abort, generate_ids, transformers_spec
+from tests.helpers.servers import BASE_ARGS, GATEWAY_GRACE, SPEC_CONFIGS, start_gateway
 
 pytestmark = pytest.mark.sglang_e2e
 
@@ -40,17 +40,14 @@ def _pd(mode: str) -> tuple[list[str], int]:
 
 
 @pytest.fixture(scope="module")
-def single_counts(models, start):
-    """The single (non-PD) TP 1 Domino server's verify counts for HF_PROMPTS."""
-    server = start(SPEC_CONFIGS["domino"].args(models), "pd-single-domino")
-    try:
-        return [generate_ids(server, ids)["meta_info"]["spec_verify_ct"] for ids in HF_PROMPTS]
-    finally:
-        server.stop()
+def single_counts(models):
+    """The verify steps one Domino server takes for HF_PROMPTS: the Transformers backend's
+    (`test_e2e_cpu` holds a single server to them)."""
+    return [transformers_spec(models, "domino", ids)[1].num_verify_steps for ids in HF_PROMPTS]
 
 
 @pytest.fixture(scope="module")
-def pd(models, start, sglang_tmp, single_counts):
+def pd(models, start, sglang_tmp):
     """A Domino prefill server (TP 1), a Domino decode server (TP 2) and the gateway in PD
     mode in front of them; yields a dict of them and the prefill bootstrap port."""
     domino = SPEC_CONFIGS["domino"].args(models)
@@ -65,7 +62,7 @@ def pd(models, start, sglang_tmp, single_counts):
         yield dict(prefill=prefill, decode=decode, router=router, model=model, boot=boot)
     finally:
         if router is not None:
-            router.stop(grace=20)
+            router.stop(grace=GATEWAY_GRACE)
         prefill.stop()
         decode.stop()
     assert not router.group() and not prefill.group() and not decode.group()

@@ -1,7 +1,7 @@
 """Scaling out on SGLang's own machinery, end to end on CPU over loopback, with a Domino
 draft: tensor parallelism across two "nodes" (two `sglang serve` processes joined by
 `--nnodes 2 --dist-init-addr`), data parallelism (`--dp-size 2`), and the Shepherd Model
-Gateway (`smg`) in front of two servers. Each gives the TP 1 plain server's greedy output,
+Gateway (`smg`) in front of the two-node and the DP 2 server. Each gives the TP 1 plain server's greedy output,
 serves 8 streams plus an abort with every KV slot back, and leaves no process behind."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 from sglang_domino import launch
 from tests.e2e.client import HF_PROMPTS, PROMPTS, check_streams_and_abort, completion, generate_ids
-from tests.helpers.servers import SPEC_CONFIGS, server_env, start_gateway
+from tests.helpers.servers import GATEWAY_GRACE, SPEC_CONFIGS, server_env, start_gateway
 
 pytestmark = pytest.mark.sglang_e2e
 
@@ -79,22 +79,19 @@ def test_dp2_gives_the_tp1_plain_output_from_both_workers(dp2, expected):
 
 
 @pytest.fixture(scope="module")
-def gateway(models, start, sglang_tmp):
-    """`smg launch` (round robin) in front of two Domino servers; yields (gateway, workers,
-    the served model name, which the gateway routes by)."""
-    workers = [start(_domino(models), f"gateway-worker{i}") for i in range(2)]
-    router = None
+def gateway(two_nodes, dp2, sglang_tmp):
+    """`smg launch` (round robin) in front of two Domino servers of different shapes, the
+    two-node TP 2 server (node 0 serves HTTP) and the DP 2 server; yields (gateway,
+    workers, the served model name, which the gateway routes by)."""
+    workers = [two_nodes[0], dp2]
+    model = workers[0].get("/v1/models")["data"][0]["id"]
+    router = start_gateway(["--worker-urls", *[w.url for w in workers], "--policy", "round_robin"],
+                           sglang_tmp, model)
     try:
-        model = workers[0].get("/v1/models")["data"][0]["id"]
-        router = start_gateway(["--worker-urls", *[w.url for w in workers], "--policy", "round_robin"],
-                               sglang_tmp, model)
         yield router, workers, model
     finally:
-        if router is not None:
-            router.stop(grace=20)
-        for worker in workers:
-            worker.stop()
-    assert not router.group() and not any(w.group() for w in workers)
+        router.stop(grace=GATEWAY_GRACE)
+    assert not router.group()
 
 
 def _prefills(server) -> int:

@@ -22,6 +22,9 @@ STARTUP_TIMEOUT = 420
 # Lines of a failed server's log in the error (a TP rank's traceback comes before the
 # other ranks' shutdown lines).
 LOG_TAIL_LINES = 100
+# The gateway keeps no state worth a drain: stopped after 5 s (it kept 20 s of a test
+# module's teardown waiting out a longer grace).
+GATEWAY_GRACE = 5
 
 # --sleep-on-idle: an idle scheduler otherwise busy-polls a core.
 BASE_ARGS = ["--device", "cpu", "--dtype", "float32", "--max-total-tokens", "3072", "--max-running-requests", "16",
@@ -85,14 +88,19 @@ class Zygote:
     `launch.Server`'s hook. `close()` ends it (the servers it forked are stopped by
     their own `stop()`)."""
 
-    def __init__(self, tmp: str):
+    def __init__(self, tmp: str, probes_argv: "list[str] | None" = None):
+        """A zygote for servers; with `probes_argv`, one for probes run with that command
+        line (`tests/sglang/probes`)."""
         import subprocess
         import sys
 
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        self._log = open(os.path.join(tmp, "zygote.log"), "w")
-        self._proc = subprocess.Popen([sys.executable, "-m", "tests.helpers.zygote"], cwd=root, env=server_env(tmp),
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True)
+        cmd = [sys.executable, "-m", "tests.helpers.zygote"]
+        if probes_argv is not None:
+            cmd += ["--probes", "--import-argv", json.dumps(list(probes_argv))]
+        self._log = open(os.path.join(tmp, f"zygote-{launch.free_port()}.log"), "w")
+        self._proc = subprocess.Popen(cmd, cwd=root, env=server_env(tmp), stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=self._log, text=True)
         self._answer()  # {"ready": true} once SGLang is imported
 
     def _answer(self) -> dict:
@@ -111,6 +119,16 @@ class Zygote:
             os.remove(exit_path)
         log.flush()
         self._proc.stdin.write(json.dumps({"argv": argv, "env": dict(env), "log": log.name}) + "\n")
+        self._proc.stdin.flush()
+        return Forked(self._answer()["pid"], exit_path)
+
+    def probe(self, name: str, params: dict, env: dict, out_path: str) -> Forked:
+        """Probe NAME run in a fork, its output (`run.MARK` and the result) in `out_path`."""
+        open(out_path, "w").close()
+        exit_path = out_path + ".exit"
+        if os.path.exists(exit_path):
+            os.remove(exit_path)
+        self._proc.stdin.write(json.dumps({"probe": name, "params": params, "env": dict(env), "log": out_path}) + "\n")
         self._proc.stdin.flush()
         return Forked(self._answer()["pid"], exit_path)
 
@@ -144,7 +162,7 @@ def start_gateway(routing: list[str], tmp: str, model: str, name: str = "gateway
         except OSError:  # 503 until a worker is registered
             pass
         if time.time() > deadline:
-            router.stop(grace=20)
+            router.stop(grace=GATEWAY_GRACE)
             raise RuntimeError(f"the gateway never listed {model}: {launch.tail(router.log_path, LOG_TAIL_LINES)}")
         time.sleep(0.5)
 

@@ -12,11 +12,15 @@ import sys
 MARK = "@@RESULT@@"
 
 
-def main() -> None:
-    name, params = sys.argv[1], json.loads(sys.argv[2])
+def run(name: str, params: dict) -> None:
+    """Probe NAME with `params`, its result printed after MARK."""
     sys.argv = params["argv"]
-    result = importlib.import_module(name).probe(params)
-    print(MARK + json.dumps(result))
+    result = importlib.import_module(f"tests.sglang.probes.{name}" if __name__ != "__main__" else name).probe(params)
+    print(MARK + json.dumps(result), flush=True)
+
+
+def main() -> None:
+    run(sys.argv[1], json.loads(sys.argv[2]))
 
 
 if __name__ == "__main__":
