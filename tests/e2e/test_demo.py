@@ -62,7 +62,12 @@ def test_demo_serves_the_test_bed_and_reports_identical_outputs(sglang_tmp):
     accept = float(re.search(r"^Domino\s+\S+\s+\S+\s+(\d+\.\d\d)", table, re.M).group(1))
     assert accept > 2.0
     # the server logs went to a new temporary directory
-    assert re.search(rf"^\[demo\] log: {re.escape(sglang_tmp)}/sglang-domino-demo-\w+/server-domino\.log$", out, re.M)
+    log = re.search(rf"^\[demo\] log: ({re.escape(sglang_tmp)}/sglang-domino-demo-\w+/server-domino\.log)$", out, re.M)
+    assert log
+    # a spawned scheduler (a fresh interpreter, unlike the tests' forked servers) found the
+    # plugin through its entry point and ran this project's worker
+    with open(log.group(1), encoding="utf-8", errors="replace") as fh:
+        assert "sglang-domino DFLASH worker: device=cpu" in fh.read()
     assert not _listening(port) and not _left_behind()
 
 
