@@ -73,48 +73,19 @@ def _redirect(path: str) -> None:
     sys.stderr = os.fdopen(2, "w", buffering=1)
 
 
-def _probe(name: str, params: dict, env: dict[str, str], out: str, set_by_import: dict[str, str]) -> None:
-    """In the forked child: run probe NAME (`tests/sglang/probes`) as `run.py` would in a
-    fresh interpreter, its output to `out`; never returns."""
+def _child(log: str, env: dict[str, str], set_by_import: dict[str, str], body, new_session: bool = False) -> None:
+    """In a forked child: output to `log`, the environment `set_by_import` + `env`, then
+    `body()` (an exit code); never returns."""
     code = 1
     try:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        _redirect(out)
-        os.environ.clear()
-        os.environ.update(set_by_import)
-        os.environ.update(env)
-        from tests.sglang.probes import run
-
-        run.run(name, params)
-        code = 0
-    except BaseException:
-        import traceback
-
-        traceback.print_exc()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-
-
-def _serve(argv: list[str], env: dict[str, str], log: str, set_by_import: dict[str, str]) -> None:
-    """In the forked child: become `sglang serve ARGV`; never returns."""
-    code = 1
-    try:
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        os.setsid()
+        if new_session:
+            os.setsid()
         _redirect(log)
         os.environ.clear()
         os.environ.update(set_by_import)
         os.environ.update(env)
-        # SGLang sets "spawn" (forced) before it starts its schedulers; in a forked
-        # server the children are forks of it instead (they need no import of their own).
-        set_start_method = multiprocessing.set_start_method
-        multiprocessing.set_start_method = lambda method, force=False: set_start_method("fork", force=True)
-        sys.argv = ["sglang", "serve", *argv]
-        import sglang.cli.main
-
-        code = sglang.cli.main.main() or 0
+        code = body()
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException:
@@ -125,6 +96,26 @@ def _serve(argv: list[str], env: dict[str, str], log: str, set_by_import: dict[s
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+def _serve(argv: list[str]) -> int:
+    """`sglang serve ARGV` in this (forked) process."""
+    # SGLang sets "spawn" (forced) before it starts its schedulers; in a forked server the
+    # children are forks of it instead (they need no import of their own).
+    set_start_method = multiprocessing.set_start_method
+    multiprocessing.set_start_method = lambda method, force=False: set_start_method("fork", force=True)
+    sys.argv = ["sglang", "serve", *argv]
+    import sglang.cli.main
+
+    return sglang.cli.main.main() or 0
+
+
+def _probe(name: str, params: dict) -> int:
+    """Probe NAME (`tests/sglang/probes`) in this (forked) process, as `run.py` runs it."""
+    from tests.sglang.probes import run
+
+    run.run(name, params)
+    return 0
 
 
 def main() -> None:
@@ -171,8 +162,10 @@ def main() -> None:
             if pid == 0:
                 signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
                 if "probe" in request:
-                    _probe(request["probe"], request["params"], request["env"], request["log"], set_by_import)
-                _serve(request["argv"], request["env"], request["log"], set_by_import)
+                    _child(request["log"], request["env"], set_by_import,
+                           lambda: _probe(request["probe"], request["params"]))
+                _child(request["log"], request["env"], set_by_import, lambda: _serve(request["argv"]),
+                       new_session=True)
             logs[pid] = request["log"]
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
