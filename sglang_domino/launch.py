@@ -2,8 +2,8 @@
 
 Stdlib only: importing this imports nothing from SGLang. The server runs in a process
 group of its own, on loopback, and is stopped by its own PID (the group's leader):
-SIGTERM, then SIGKILL to the whole group after a grace period, so no scheduler or
-detokenizer process it spawned is left behind.
+SIGTERM to it, then SIGKILL to the whole group once it has exited or after a grace
+period, so no scheduler or detokenizer process it spawned is left behind.
 
     with start(cmd, port, log_path, timeout=300) as server:   # healthy, or RuntimeError
         status, body = server.post("/generate", {...})
@@ -149,14 +149,21 @@ class Server:
             time.sleep(1)
 
     def stop(self, grace: float = 60) -> None:
-        """SIGTERM to the group, SIGKILL to what is left of it after `grace` seconds.
-        Idempotent: a second call signals nothing (the group's id may be reused by then)."""
+        """SIGTERM to the leader, SIGKILL to what is left of the group once the leader
+        has exited or after `grace` seconds. Idempotent: a second call signals nothing
+        (the group's id may be reused by then). The leader alone first: an SGLang server
+        then stops its own children; a SIGTERM to the whole group kills its scheduler
+        under it, and it waits 5 s "before crash diagnostics" (6.1 s against 3.3 s per
+        stop, measured on 2 cores)."""
         if self._stopped:
             return
         self._stopped = True
         self._note_children()
         if self.proc.poll() is None:
-            _signal_group(self.pid, signal.SIGTERM)
+            try:
+                os.kill(self.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
             try:
                 self.proc.wait(timeout=grace)
             except subprocess.TimeoutExpired:
