@@ -158,13 +158,14 @@ def _settled(servers, timeout: float = 300):
 def transformers_spec(models, kind, input_ids, width=16):
     """What a server should answer, from the Transformers backend in this process: the
     greedy tokens and the stats of `spec_generate` with draft `models[kind]` on the tiny
-    target, verifying `width` positions (17: the backend's own window for shift-label
-    drafts)."""
+    target, verifying `width` positions (BLOCK + 1: the backend's own window for
+    shift-label drafts)."""
     import torch
 
     from sglang_domino.hf import DFlashDraftModel
+    from tests.helpers.servers import BLOCK
 
     draft = DFlashDraftModel.from_pretrained(models[kind])
     out, stats = draft.spec_generate(torch.tensor([input_ids]), models["hf_target"], max_new_tokens=MAX_TOKENS,
-                                     return_stats=True, num_verify_tokens=None if width == 17 else width)
+                                     return_stats=True, num_verify_tokens=None if width == BLOCK + 1 else width)
     return out[0, len(input_ids):].tolist(), stats

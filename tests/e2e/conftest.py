@@ -12,15 +12,15 @@ from tests.helpers.servers import BASE_ARGS, Zygote, start_server
 
 @pytest.fixture(scope="session")
 def start(sglang_tmp):
-    """`start(args, name, module_entry=False, env=None, spawn=False)` -> a healthy
-    `launch.Server`. Forked from one zygote (`tests.helpers.zygote`: half the start-up
-    time) unless it must be spawned: `module_entry` (`python -m sglang.launch_server`), an
-    environment with a PYTHONPATH (read by a fresh interpreter only), or `spawn`."""
+    """`start(args, name, module_entry=False, env=None)` -> a healthy `launch.Server`.
+    Forked from one zygote (`tests.helpers.zygote`: about 13 s to healthy instead of 50)
+    unless it must be spawned: `module_entry` (`python -m sglang.launch_server`) or an
+    environment with a PYTHONPATH (read by a fresh interpreter only)."""
     started = []
     zygote = []
 
-    def _start(args, name, module_entry=False, env=None, spawn=False):
-        spawn = spawn or module_entry or "PYTHONPATH" in (env or {})
+    def _start(args, name, module_entry=False, env=None):
+        spawn = module_entry or "PYTHONPATH" in (env or {})
         if not spawn and not zygote:
             zygote.append(Zygote(sglang_tmp))
         server = start_server(args, sglang_tmp, name, module_entry=module_entry, env=env,

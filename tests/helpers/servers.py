@@ -113,22 +113,21 @@ class Zygote:
         return answer
 
     def popen(self, cmd: list[str], log, env) -> Forked:
-        argv = cmd[cmd.index("serve") + 1:]
-        exit_path = log.name + ".exit"
-        if os.path.exists(exit_path):
-            os.remove(exit_path)
         log.flush()
-        self._proc.stdin.write(json.dumps({"argv": argv, "env": dict(env), "log": log.name}) + "\n")
-        self._proc.stdin.flush()
-        return Forked(self._answer()["pid"], exit_path)
+        return self._fork({"argv": cmd[cmd.index("serve") + 1:], "env": dict(env), "log": log.name})
 
     def probe(self, name: str, params: dict, env: dict, out_path: str) -> Forked:
         """Probe NAME run in a fork, its output (`run.MARK` and the result) in `out_path`."""
         open(out_path, "w").close()
-        exit_path = out_path + ".exit"
+        return self._fork({"probe": name, "params": params, "env": dict(env), "log": out_path})
+
+    def _fork(self, request: dict) -> Forked:
+        from tests.helpers.zygote import EXIT_SUFFIX
+
+        exit_path = request["log"] + EXIT_SUFFIX
         if os.path.exists(exit_path):
             os.remove(exit_path)
-        self._proc.stdin.write(json.dumps({"probe": name, "params": params, "env": dict(env), "log": out_path}) + "\n")
+        self._proc.stdin.write(json.dumps(request) + "\n")
         self._proc.stdin.flush()
         return Forked(self._answer()["pid"], exit_path)
 
