@@ -4,17 +4,25 @@ the test bed's plain and Domino servers, each started with `SGLANG_DOMINO_CPU_AT
 concurrency (float32, greedy, the held-out requests).
 
     python -m benchmarks.attention_ab [--rounds 2] [--concurrencies 1 8] [--out DIR]
+    python -m benchmarks.attention_ab --baseline REV [...]
 
-Writes `attention_ab.json` (every run) and `attention_ab.md` (medians, batched / upstream,
+With `--baseline REV` the two sides are the plugin at git revision REV (checked out into a
+temporary worktree that the baseline's servers import first, through `PYTHONPATH`) and the
+working tree, both with the batched attention: what a change of the CPU port buys, served.
+
+Writes `attention_ab.json` (every run) and `attention_ab.md` (medians, second / first side,
 the CPU named) to DIR.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
+import subprocess
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -25,8 +33,29 @@ from .profile_step import bench_config, draft_for, render_prompts
 MODES = ("upstream", "batched")
 
 
-def serve_and_measure(cfg, config: str, mode: str, prompts: list[str], out: str) -> dict[int, float]:
-    """One server of `config` (plain or domino) with the attention `mode`: tok/s per concurrency."""
+@contextlib.contextmanager
+def sides(baseline):
+    """The two sides, (label, server environment) each: upstream's loops and the batched
+    attention; with a baseline revision, the plugin at it and the working tree."""
+    if baseline is None:
+        yield [(mode, {"SGLANG_DOMINO_CPU_ATTENTION": mode}) for mode in MODES]
+        return
+    root = subprocess.run(["git", "rev-parse", "--show-toplevel"], check=True, capture_output=True,
+                          text=True).stdout.strip()
+    rev = subprocess.run(["git", "rev-parse", "--short", baseline], check=True, capture_output=True,
+                         text=True).stdout.strip()
+    with tempfile.TemporaryDirectory(prefix="attention-ab-") as tmp:
+        tree = os.path.join(tmp, rev)
+        subprocess.run(["git", "-C", root, "worktree", "add", "--detach", "-q", tree, rev], check=True)
+        try:
+            yield [(rev, {"PYTHONPATH": tree, "SGLANG_DOMINO_CPU_ATTENTION": "batched"}),
+                   ("working tree", {"SGLANG_DOMINO_CPU_ATTENTION": "batched"})]
+        finally:
+            subprocess.run(["git", "-C", root, "worktree", "remove", "--force", tree], check=False)
+
+
+def serve_and_measure(cfg, config: str, side: str, env_extra: dict, prompts: list[str], out: str) -> dict[int, float]:
+    """One server of `config` (plain or domino) on one side: tok/s per concurrency."""
     from sglang_domino.launch import free_port, start
 
     from .records import TARGET_ONLY
@@ -34,10 +63,11 @@ def serve_and_measure(cfg, config: str, mode: str, prompts: list[str], out: str)
 
     port = free_port()
     cmd = cfg.launch_command(port, draft_for(cfg, config))
-    env = {**os.environ, "SGLANG_DOMINO_CPU_ATTENTION": mode}
+    env = {**os.environ, **env_extra}
     method = TARGET_ONLY if config == "plain" else config
     result = {}
-    with start(cmd, port, os.path.join(out, f"server-{config}-{mode}.log"), cfg.server_timeout, env=env) as server:
+    log = os.path.join(out, f"server-{config}-{side.replace(' ', '-')}.log")
+    with start(cmd, port, log, cfg.server_timeout, env=env) as server:
         warm = prompts[: max(cfg.concurrencies)]
         with ThreadPoolExecutor(len(warm)) as pool:
             list(pool.map(lambda t: generate(server.url, t, cfg.model_copy(update={"max_new_tokens": 16})), warm))
@@ -54,34 +84,43 @@ def main(argv=None) -> None:
     ap.add_argument("--concurrencies", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--configs", nargs="+", default=["plain", "domino"])
+    ap.add_argument("--baseline", metavar="REV", help="the plugin at this git revision against the working tree")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "cpu-attention"))
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     cfg = bench_config(args.prompts, args.concurrencies)
     prompts = render_prompts(cfg)
     runs = []
-    for rnd in range(args.rounds):
-        for config in args.configs:
-            # alternate which mode goes first, round by round
-            for mode in (MODES if rnd % 2 == 0 else MODES[::-1]):
-                tps = serve_and_measure(cfg, config, mode, prompts, args.out)
-                runs.append({"round": rnd, "config": config, "mode": mode, "tok_per_s": tps})
-                print(json.dumps(runs[-1]), flush=True)
+    with sides(args.baseline) as both:
+        labels = [label for label, _ in both]
+        for rnd in range(args.rounds):
+            for config in args.configs:
+                # alternate which side goes first, round by round
+                for side, env in (both if rnd % 2 == 0 else both[::-1]):
+                    tps = serve_and_measure(cfg, config, side, env, prompts, args.out)
+                    runs.append({"round": rnd, "config": config, "mode": side, "tok_per_s": tps})
+                    print(json.dumps(runs[-1]), flush=True)
     info = machine()
     with open(os.path.join(args.out, "attention_ab.json"), "w", encoding="utf-8") as fh:
-        json.dump({"machine": info, "dtype": "float32", "max_new_tokens": cfg.max_new_tokens,
+        json.dump({"machine": info, "dtype": "float32", "max_new_tokens": cfg.max_new_tokens, "sides": labels,
                    "prompts": args.prompts, "runs": runs}, fh, indent=1)
-    lines = ["# Served: 0.5.23's torch_native attention loops vs the batched attention", "",
+    first, second = labels
+    title = ("0.5.23's torch_native attention loops vs the batched attention" if args.baseline is None
+             else f"the CPU port at {first} vs the working tree")
+    command = "python -m benchmarks.attention_ab" + (f" --baseline {args.baseline}" if args.baseline else "")
+    lines = [f"# Served: {title}", "",
              f"Test bed, float32, {args.prompts} held-out requests, {cfg.max_new_tokens} new tokens, greedy; "
              f"servers alternated, {args.rounds} rounds, median output tok/s. CPU: {info.get('cpu', 'unknown')}, "
-             f"{info.get('cpu_count')} cores. Command: `python -m benchmarks.attention_ab`.", "",
-             "| server | concurrency | upstream tok/s | batched tok/s | batched / upstream |", "|---|---|---|---|---|"]
+             f"{info.get('cpu_count')} cores. Command: `{command}`.", "",
+             f"| server | concurrency | {first} tok/s | {second} tok/s | {second} / {first} | per round |",
+             "|---|---|---|---|---|---|"]
     for config in args.configs:
         for conc in args.concurrencies:
-            med = {m: statistics.median(r["tok_per_s"][conc] for r in runs if r["config"] == config and r["mode"] == m)
-                   for m in MODES}
-            lines.append(f"| {config} | {conc} | {med['upstream']:.1f} | {med['batched']:.1f} | "
-                         f"{med['batched'] / med['upstream']:.2f}x |")
+            per = {m: [r["tok_per_s"][conc] for r in runs if r["config"] == config and r["mode"] == m] for m in labels}
+            med = {m: statistics.median(v) for m, v in per.items()}
+            rounds = ", ".join(f"{b / a:.2f}" for a, b in zip(per[first], per[second]))
+            lines.append(f"| {config} | {conc} | {med[first]:.1f} | {med[second]:.1f} | "
+                         f"{med[second] / med[first]:.2f}x | {rounds} |")
     write_markdown(args.out, "attention_ab.md", lines)
 
 
