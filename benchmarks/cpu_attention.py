@@ -6,9 +6,8 @@ verify block (W rows per request, causal) after contexts of a given length.
     python -m benchmarks.cpu_attention [--layers 6] [--out DIR]
 
 The two are timed alternately, several rounds, median of each; the ratio is what the
-change buys per forward (the test bed's target has 6 layers, the Qwen3 cards 36). The
-batched path plans the keys' slots and mask once per forward (`cpu/attention.py`), so one
-layer alone (`--layers 1`) shows less than a forward does.
+change buys per forward (the test bed's target has 6 layers, the Qwen3 cards 36;
+`--layers 1` gives one layer, as this benchmark measured before 2026-12-03).
 Writes `cpu_attention.json` and `cpu_attention.md` (CPU named) to DIR.
 """
 
@@ -99,10 +98,12 @@ def main(argv=None) -> None:
         json.dump({"machine": info, "heads": HEADS, "kv_heads": KV_HEADS, "head_dim": DIM, "layers": args.layers,
                    "records": records}, fh, indent=1)
     lines = ["# torch_native attention on CPU: 0.5.23's per-request loop vs the batched call", "",
-             f"{args.layers} attention layer(s) per forward, each its own K/V caches, float32, {HEADS} query heads / {KV_HEADS} KV heads x {DIM}; medians of "
+             f"{args.layers} attention layer(s) per forward, each its own K/V caches, float32, "
+             f"{HEADS} query heads / {KV_HEADS} KV heads x {DIM}; medians of "
              f"{args.rounds} alternated rounds of {args.reps} calls. CPU: {info.get('cpu', 'unknown')}. "
              f"Command: `python -m benchmarks.cpu_attention --layers {args.layers}`.", "",
-             "| step | batch | context | upstream ms per forward | batched ms per forward | speedup |", "|---|---|---|---|---|---|"]
+             "| step | batch | context | upstream ms per forward | batched ms per forward | speedup |",
+             "|---|---|---|---|---|---|"]
     for r in records:
         step = "decode (1 row)" if r["rows"] == 1 else f"verify ({r['rows']} rows, causal)"
         lines.append(f"| {step} | {r['bs']} | {r['context']} | {r['upstream_ms']:.3f} | {r['batched_ms']:.3f} | "
