@@ -14,10 +14,9 @@ and agrees with its reference, and prints timings:
   3. proposals at full vocabulary: DFlash argmax and the Domino rollout, greedy and sampled;
   4. the speculative-sampling accept rule at full vocabulary;
   5. the plugin's per-step draft tails in CUDA graphs, batch 1 / 8 / 32, n=15, pool K=2048:
-     the greedy Domino rollout and the q rule's sampled rollout over a block's hidden
-     states (the plugin's `base_logits`, `candidate_pool`, `UpstreamDominoHead` and
-     `SampledStep.pick`, with `to_probs` injected: Qwen3's T 0.6 / top-k 20 / top-p 0.95
-     through `sglang_domino.sampling.to_probs`), and the chain-accept kernel on the pool
+     the Domino rollout the q rule's draft graph holds (`sampled_rollout.q_rollout`), with
+     every row greedy and with Qwen3's T 0.6 / top-k 20 / top-p 0.95 (`draft_q_probs`),
+     over a block's hidden states, and the chain-accept kernel on the pool
      layout. Each is captured (`torch.cuda.graph`, after a warm-up on a side stream: a
      host sync inside raises), its static inputs refilled with a fresh case, replayed and
      compared with an eager call on the same inputs (tokens exactly, q allclose); one eager
@@ -53,9 +52,9 @@ from sglang_domino.accept import Uniforms, accept_probs, accept_sampled
 from sglang_domino.config import DraftConfig
 from sglang_domino.model import DraftModel
 from sglang_domino.rollout import propose_dflash, propose_domino
-from sglang_domino.sampling import SamplingParams, to_probs
-# imports nothing from sglang at module level (its `to_probs` and GRU cell are lazy)
-from sglang_domino.sglang.sampled_rollout import SampledStep, UpstreamDominoHead, base_logits, candidate_pool
+from sglang_domino.sampling import SamplingParams
+# imports nothing from sglang (its seeded-coin hash is lazy, and the check seeds no row)
+from sglang_domino.sglang.sampled_rollout import DraftParams, q_rollout
 
 # Qwen3-8B Domino b16 (algorithm reference, section 1.1 / 2.2).
 REAL = dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=5, num_attention_heads=32,
@@ -288,45 +287,42 @@ class DraftModules:
         return self.lm_head.weight.shape[0]
 
 
-class SglangFreeHead(UpstreamDominoHead):
-    """The plugin's Domino head for both rollouts (`UpstreamDominoHead`: full-vocab fc2, -inf
-    off the candidate pool), its feedback step taken from `DraftModel.gru_step`: upstream's
-    `_domino_gru_cell` is the same aten.gru_cell on the same bias-free weights, but importing
-    it imports sglang, which the GPU check machine cannot install."""
+def rollout_args(mods: DraftModules) -> dict:
+    """`q_rollout`'s module arguments (upstream's `domino_greedy_rollout` keywords) over
+    the check's modules: shifted labels, one rank."""
+    return dict(target_embedding=mods.embed, lm_head_weight=mods.lm_head.weight, prefix_gru=mods.draft.prefix_gru,
+                embed_proj=mods.draft.embed_proj, vocab_size=mods.vocab, shift_label=True,
+                candidate_pool_size=mods.pool_size)
 
-    def __init__(self, draft: DraftModel, pool_ids: Optional[torch.Tensor], vocab: int):
-        super().__init__(draft.prefix_gru, draft.embed_proj, pool_ids, vocab)
-        self.draft = draft
 
-    def gru_step(self, embed: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
-        return self.draft.gru_step(embed, state)
+def staged_params(bs: int, device: torch.device, params: Optional[SamplingParams]) -> DraftParams:
+    """Every row under `params` (Qwen3's defaults for the sampled tail), or greedy (None)."""
+    rows = DraftParams.empty(bs, device)
+    if params is not None:
+        rows.temperature.fill_(params.temperature)
+        rows.top_k.fill_(params.top_k)
+        rows.top_p.fill_(params.top_p)
+        rows.greedy.fill_(False)
+    return rows
+
+
+def q_tail(mods: DraftModules, hidden: torch.Tensor, bonus: torch.Tensor, coins: torch.Tensor,
+           params: DraftParams) -> tuple[torch.Tensor, ...]:
+    """The plugin's per-step Domino tail, `sampled_rollout.q_rollout`, which the q rule's
+    draft graph holds (`q_sampler.QRuleDraftSampler`) over a block's hidden states [bs, B, H]
+    with the coins [bs, n] given (a static buffer, so a replay draws what the eager call
+    draws; the server's sampler draws them in the graph). Greedy rows propose upstream's
+    `domino_greedy_rollout` token for token (tests/sglang/test_sampled_rollout_injected.py).
+    Returns tokens [bs, n], q at them [bs, n], q_0 [bs, V] and q on the pool [bs, n-1, K]."""
+    d = q_rollout(params, coins, draft_hidden=hidden, bonus_tokens=bonus, **rollout_args(mods))
+    return d.tokens, d.q_draft, d.q_first, d.q_rest
 
 
 def greedy_rollout(mods: DraftModules, hidden: torch.Tensor, bonus: torch.Tensor) -> tuple[torch.Tensor]:
-    """The greedy per-step tail over a block's hidden states [bs, B, H]: the plugin's base
-    logits (`sampled_rollout.base_logits`, shifted labels) and candidate pool, then
-    `propose_domino` by argmax, as upstream's in-graph `domino_greedy_rollout` proposes
-    (held token for token by tests/sglang/test_sampled_rollout_injected.py)."""
-    z, base = base_logits(draft_hidden=hidden, lm_head_weight=mods.lm_head.weight, vocab_size=mods.vocab,
-                          shift_label=True)
-    head = SglangFreeHead(mods.draft, candidate_pool(base, mods.vocab, mods.pool_size), mods.vocab)
-    return (propose_domino(z, base, bonus, mods.embed, head, SamplingParams()).tokens,)
-
-
-def sampled_rollout(mods: DraftModules, hidden: torch.Tensor, bonus: torch.Tensor, coins: torch.Tensor,
-                    to_probs: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, ...]:
-    """The q rule's per-step tail: `domino_sampled_rollout` without sglang: the same base
-    logits, pool and `SampledStep.pick`, with `to_probs` injected and the coins [bs, n]
-    given (a static buffer, so a replay draws what the eager call draws). Returns tokens
-    [bs, n], q at them [bs, n], q_0 [bs, V] and q on the pool [bs, n-1, K]."""
-    z, base = base_logits(draft_hidden=hidden, lm_head_weight=mods.lm_head.weight, vocab_size=mods.vocab,
-                          shift_label=True)
-    pool = candidate_pool(base, mods.vocab, mods.pool_size)
-    # positions key only the seeded coins, and the coins are given
-    step = SampledStep(None, bonus, pool_ids=pool, rollout_coins=coins, probs_fn=to_probs)
-    head = SglangFreeHead(mods.draft, pool, mods.vocab)
-    tokens = propose_domino(z, base, bonus, mods.embed, head, step.pick).tokens
-    return tokens, torch.stack(step.q_draft, dim=1), step.q_first, torch.stack(step.q_rest, dim=1)
+    """`q_tail` with every row greedy (its coins are not read)."""
+    n = hidden.shape[1] - 1
+    coins = torch.zeros(hidden.shape[0], n, device=hidden.device)
+    return q_tail(mods, hidden, bonus, coins, staged_params(hidden.shape[0], hidden.device, None))[:1]
 
 
 @dataclass
@@ -359,10 +355,9 @@ def greedy_tail(mods: DraftModules, bs: int, gen: torch.Generator) -> Tail:
 def sampled_tail(mods: DraftModules, bs: int, gen: torch.Generator,
                  params: SamplingParams = QWEN3_SAMPLING) -> Tail:
     inputs = rollout_case(mods, bs, gen)
-    probs = lambda logits: to_probs(logits, params)  # noqa: E731
-    return Tail("domino sampled", lambda: sampled_rollout(mods, inputs["hidden"], inputs["bonus"], inputs["coins"],
-                                                           probs), inputs, lambda: rollout_case(mods, bs, gen),
-                ("tokens", "q_draft", "q_first", "q_rest"))
+    staged = staged_params(bs, mods.lm_head.weight.device, params)
+    return Tail("domino sampled", lambda: q_tail(mods, inputs["hidden"], inputs["bonus"], inputs["coins"], staged),
+                inputs, lambda: rollout_case(mods, bs, gen), ("tokens", "q_draft", "q_first", "q_rest"))
 
 
 def chain_tail(bs: int, n: int, V: int, K: int, block: int, device: torch.device, gen: torch.Generator) -> Tail:

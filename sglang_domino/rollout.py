@@ -52,21 +52,24 @@ def propose_dflash(base_logits: torch.Tensor, params: SamplingParams,
     return Proposal(tokens, probs)
 
 
-def propose_domino(hidden: torch.Tensor, base_logits: torch.Tensor, bonus: torch.Tensor,
-                   embed: Callable[[torch.Tensor], torch.Tensor], draft, params: SamplingParams | Pick,
-                   generator: Optional[torch.Generator] = None) -> Proposal:
+def propose_domino(hidden: torch.Tensor, base_logits: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+                   bonus: torch.Tensor, embed: Callable[[torch.Tensor], torch.Tensor], draft,
+                   params: SamplingParams | Pick, generator: Optional[torch.Generator] = None) -> Proposal:
     """hidden [b, n, H] and base_logits [b, n, V]: the backbone slots predicting the next n
     tokens after `bonus` [b]; `draft` provides `correction`, `run_gru`, `gru_step`.
+    `base_logits` may also be (first [b, V], rest [b, n-1, C]) with later proposals over C
+    candidates (a draft's candidate pool, which `draft.correction` and the pick then share).
     `params` is a SamplingParams (with `generator`) or a `Pick`; the probabilities it
     returns for every step make up q."""
     pick = picker(params, generator) if isinstance(params, SamplingParams) else params
+    first_logits, rest = base_logits if isinstance(base_logits, tuple) else (base_logits[:, 0], base_logits[:, 1:])
     n = hidden.shape[1]
-    first, first_probs = pick(base_logits[:, 0], 0)
+    first, first_probs = pick(first_logits, 0)
     tokens, probs = [first], [first_probs]
     if n > 1:
         state = draft.run_gru(embed(torch.stack([bonus, first], dim=1)))[:, -1]
         for k in range(1, n):
-            logits = base_logits[:, k].float() + draft.correction(hidden[:, k], state).float()
+            logits = rest[:, k - 1].float() + draft.correction(hidden[:, k], state).float()
             tok, tok_probs = pick(logits, k)
             tokens.append(tok)
             probs.append(tok_probs)

@@ -46,11 +46,14 @@ class FirstProposals:
 
 def foldable(sampler) -> bool:
     """Whether the in-graph sampler's proposals can be cut to a narrower width: the
-    greedy Domino rollout and DFlash's argmax; not the selector or LiLiCorr samplers,
+    greedy Domino rollout, DFlash's argmax and the q rule's rollout (whose q the worker
+    reads cut alike, `QRuleDraftSampler.read`); not the selector or LiLiCorr samplers,
     whose sampled outputs are read per request."""
     from sglang.srt.speculative.dflash_worker_v2 import _DflashDraftSampler, _DominoDraftSampler
 
-    return isinstance(sampler, (_DominoDraftSampler, _DflashDraftSampler))
+    from .q_sampler import QRuleDraftSampler
+
+    return isinstance(sampler, (_DominoDraftSampler, _DflashDraftSampler, QRuleDraftSampler))
 
 
 def at_width(sampler, width: int):

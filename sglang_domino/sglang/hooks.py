@@ -304,7 +304,9 @@ PATCHES: tuple[Patch, ...] = (
           "another width on that width's attention backend and graph (captured at start-up), so it replays",
           attributes=("attn_backend", "decode_cuda_graph_runner")),
     Patch("q_rule_sampler", f"{_W2}.DFlashWorkerV2", "worker:DominoDFlashWorker._forward_with_q_rollout",
-          Kind.STEP_STATE, STEP, "the q rule: the in-graph greedy sampler unread for a step with sampled requests",
+          Kind.STEP_STATE, STEP, "the q rule without its captured rollout (no draft graph, no candidate pool): "
+          "the in-graph greedy sampler unread for a step with sampled requests; with it, each decode step stages its "
+          "rows' sampling parameters for the draft replay (`q_sampler.QRuleDraftSampler`)",
           attributes=("_draft_sampler",)),
     # -- main process, argument resolution -----------------------------------------------
     Patch("cpu_dflash_platform", f"{_S}.arg_groups.speculative_hook.current_platform",
@@ -396,7 +398,8 @@ DEPENDS: tuple[Dependency, ...] = (
     Dependency(f"{_W2}.DFlashWorkerV2._accept_block", "overridden: exact sampled verify without the CUDA kernel"),
     Dependency(f"{_W2}.DFlashWorkerV2.init_cuda_graphs", "overridden: the draft graph at the draft block"),
     Dependency(f"{_W2}.DFlashWorkerV2._maybe_build_draft_sampler",
-               "overridden: b8's sampler built at the draft block; none for the Transformers window"),
+               "overridden: b8's sampler built at the draft block; none for the Transformers window; with the q rule "
+               "the q rule's rollout in the greedy Domino sampler's place"),
     Dependency(f"{_W2}.DFlashWorkerV2._validate_phase1_sampling_support", "overridden: no greedy-fallback warning"),
     Dependency(f"{_S}.speculative.base_spec_worker.BaseSpecWorker.on_verify_complete_cpu",
                "overridden: acceptance counts on the host feed the adaptive policy",
@@ -405,7 +408,11 @@ DEPENDS: tuple[Dependency, ...] = (
                "each adaptive step returns its own width as the result's stride",
                attributes=("speculative_num_draft_tokens",)),
     Dependency(f"{_W2}._DominoDraftSampler", "the greedy Domino rollout in the draft graph, built at the draft "
-               "block; narrower steps read its first width - 1 proposals", attributes=("out", "block_size")),
+               "block; narrower steps read its first width - 1 proposals; the q rule's captured rollout is built "
+               "from its modules and bound",
+               attributes=("out", "block_size", "target_embedding", "lm_head_weight", "prefix_gru", "embed_proj",
+                           "vocab_size", "shift_label", "candidate_pool_size", "tp_group", "lm_head_org_vocab_start",
+                           "lm_head_num_org", "lm_head_num_org_padded")),
     Dependency(f"{_W2}._DflashDraftSampler", "DFlash's in-graph argmax, read alike", attributes=("out", "block_size")),
     Dependency(f"{_S}.speculative.draft_worker_common.make_draft_sampler_capture_hook",
                "captures the sampler the builder returns (b8: the block-wide sampler behind the window's view)",
@@ -430,9 +437,8 @@ DEPENDS: tuple[Dependency, ...] = (
     Dependency(f"{_S}.speculative.draft_worker_common.make_draft_block_spec_info", "the draft block's spec info",
                params=("draft_token_num", "device")),
     Dependency(f"{_S}.speculative.dflash_utils.build_speculative_verify_target_probs",
-               "p and q under the request's temperature, top-k and top-p",
+               "p under the request's temperature, top-k and top-p (q: `sampling.draft_q_probs`)",
                params=("next_token_logits", "sampling_info", "draft_token_num", "bs")),
-    Dependency(f"{_S}.speculative.domino_utils._domino_gru_cell", "the sampled rollout's GRU step"),
     Dependency(f"{_S}.layers.sampler.murmur_hash32", "seeded coins of the q rule"),
     Dependency(f"{_S}.runtime_context.get_spec", "speculative settings in the scheduler"),
     Dependency(f"{_S}.models.qwen3.Qwen3ForCausalLM.set_dflash_layers_to_capture",

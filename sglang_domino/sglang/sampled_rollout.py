@@ -1,14 +1,20 @@
 """The Domino rollout sampled from q in the SGLang worker (`--speculative-use-rejection-sampling`).
 
 0.5.23 proposes Domino drafts by argmax at every temperature
-(`domino_utils.domino_greedy_rollout`, called eagerly by
-`DFlashWorkerV2.forward_batch_generation`) and verifies sampled requests as point masses.
-With the flag, a decode step that has sampled requests runs this project's one rollout
-(`sglang_domino.rollout.propose_domino`) instead: each proposal k is drawn from q_k =
-the draft's base + correction logits under the request's own temperature, top-k and
-top-p (through upstream's transform for the target, `build_speculative_verify_target_probs`,
-so p and q are shaped alike), the GRU consuming the sampled token. The step keeps q for
-`DominoDFlashWorker._accept_block`, which accepts with min(1, p/q) (`sglang_domino.accept`).
+(`domino_utils.domino_greedy_rollout`) and verifies sampled requests as point masses.
+With the flag, each proposal k is drawn from q_k = the draft's base + correction logits
+under the request's own temperature, top-k and top-p (`sampling.draft_q_probs`), the GRU
+consuming the drawn token, through this project's one rollout
+(`sglang_domino.rollout.propose_domino`). `q_rollout` is that step in fixed shapes and
+without a host sync: the draft graph holds it (`q_sampler.QRuleDraftSampler`), and a step
+the graph does not serve calls it eagerly (`domino_sampled_rollout`, from the rollout
+hook). `DominoDFlashWorker._accept_block` then accepts with min(1, p/q)
+(`SampledStep.accept`).
+
+With a candidate pool (0 < K < V, upstream's default 2048), proposals 1..n-1 are drawn
+over the pool, as upstream's greedy pool rollout takes its argmax there, and their q is
+kept in pool coordinates [bs, n-1, K], the layout of `sglang_domino.kernels.chain_accept`;
+q_0 is dense [bs, V].
 
 Coins: a request with `sampling_seed` (0.5.23 fills it under
 `--enable-deterministic-inference`) gets coins hashed from (seed, committed length,
@@ -20,8 +26,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from dataclasses import dataclass, field
-from typing import Callable, Optional
+from dataclasses import dataclass
+from typing import NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
@@ -29,136 +35,142 @@ import torch.nn.functional as F
 from ..accept import Uniforms, accept_probs, sample_inverse_cdf
 from ..config import predicting_slots
 from ..rollout import propose_domino
+from ..sampling import draft_q_probs
 
 _local = threading.local()
+
+
+class DraftParams(NamedTuple):
+    """Each row's sampling parameters for q and its coins: device tensors [rows]."""
+    temperature: torch.Tensor   # float32
+    top_k: torch.Tensor         # int64; <= 0: no top-k
+    top_p: torch.Tensor         # float32
+    greedy: torch.Tensor        # bool: q a point mass on the argmax
+    seed: torch.Tensor          # int64, read where `seeded`
+    seeded: torch.Tensor        # bool
+    position: torch.Tensor      # int64, the committed length: the seeded coins' position key
+
+    @classmethod
+    def empty(cls, rows: int, device) -> "DraftParams":
+        f32 = dict(dtype=torch.float32, device=device)
+        i64 = dict(dtype=torch.int64, device=device)
+        return cls(torch.ones(rows, **f32), torch.zeros(rows, **i64), torch.ones(rows, **f32),
+                   torch.ones(rows, dtype=torch.bool, device=device), torch.zeros(rows, **i64),
+                   torch.zeros(rows, dtype=torch.bool, device=device), torch.zeros(rows, **i64))
+
+    @classmethod
+    def of(cls, sampling_info, positions: torch.Tensor) -> "DraftParams":
+        bs = int(positions.shape[0])
+        return cls.empty(bs, positions.device).stage(sampling_info, positions, bs)
+
+    def rows(self, bs: int) -> "DraftParams":
+        return DraftParams(*(t[:bs] for t in self))
+
+    def stage(self, sampling_info, positions: torch.Tensor, bs: int) -> "DraftParams":
+        """Writes the batch's parameters into rows [:bs] (device copies only: a graph
+        that reads these buffers is replayed after) and returns those rows. 0.5.23 encodes
+        a greedy request as top-k 1 (`resolve_greedy_mask` reads it the same way)."""
+        rows = self.rows(bs)
+        rows.position.copy_(positions[:bs])
+        if sampling_info is None:
+            rows.greedy.fill_(True)
+            rows.seeded.fill_(False)
+            return rows
+        top_ks = sampling_info.top_ks.view(-1)[:bs]
+        rows.temperature.copy_(sampling_info.temperatures.view(-1)[:bs])
+        rows.top_k.copy_(top_ks)
+        rows.top_p.copy_(sampling_info.top_ps.view(-1)[:bs])
+        torch.le(top_ks, 1, out=rows.greedy)
+        seeds = getattr(sampling_info, "sampling_seed", None)
+        rows.seeded.fill_(seeds is not None)
+        if seeds is not None:
+            rows.seed.copy_(seeds.view(-1)[:bs])
+        return rows
+
+
+def draft_coins(params: DraftParams, uniforms: torch.Tensor, first: int, hashed: bool = True) -> torch.Tensor:
+    """Coins [bs, count] for columns first..first+count-1: seeded rows hash (seed,
+    position, column) with upstream's `murmur_hash32`, the others take `uniforms`.
+    `hashed=False` skips the hash (no row is seeded; the sglang-free GPU check)."""
+    if not hashed:
+        return uniforms
+    from sglang.srt.layers.sampler import murmur_hash32
+
+    cols = torch.arange(first, first + int(uniforms.shape[1]), device=uniforms.device)
+    hashed_ints = murmur_hash32(params.seed.to(torch.uint64), params.position.to(torch.int64), cols)
+    coins = (hashed_ints.to(torch.float64) + 0.5).div(2.0 ** 32).float()
+    return torch.where(params.seeded[:, None], coins, uniforms)
 
 
 class UpstreamDominoHead:
     """`propose_domino`'s draft interface over 0.5.23's Domino modules (`prefix_gru`,
     `embed_proj`, `models/dflash.py`), the same math as `sglang_domino.model.DraftModel`.
-    With a candidate pool, q is zero off the pool (the correction is -inf there), as
-    upstream's greedy pool rollout restricts its argmax; that stays exact, only q changes."""
+    With a candidate pool [bs, K] the correction is computed on the pool only (the pool's
+    rows of the bias-free output layer), as upstream's greedy pool rollout does."""
 
-    def __init__(self, prefix_gru, embed_proj, pool_ids: Optional[torch.Tensor] = None, vocab: int = 0):
+    def __init__(self, prefix_gru, embed_proj, pool_ids: Optional[torch.Tensor] = None):
         self.gru, self.proj = prefix_gru, embed_proj
-        self.off_pool = None
-        if pool_ids is not None:
-            self.off_pool = torch.ones(pool_ids.shape[0], vocab, dtype=torch.bool, device=pool_ids.device)
-            self.off_pool.scatter_(1, pool_ids, False)
+        self.pool_weight = None if pool_ids is None else F.embedding(pool_ids, embed_proj[2].weight)
 
     def correction(self, z: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
-        out = self.proj(torch.cat((z, state.to(z.dtype)), dim=-1))
-        if self.off_pool is not None:
-            out = out.float().masked_fill(self.off_pool, float("-inf"))
-        return out
+        hidden = self.proj[1](self.proj[0](torch.cat((z, state.to(z.dtype)), dim=-1)))
+        if self.pool_weight is None:
+            return self.proj[2](hidden)
+        return torch.bmm(self.pool_weight, hidden.unsqueeze(-1)).squeeze(-1)
 
     def run_gru(self, embeds: torch.Tensor) -> torch.Tensor:
         out, _ = self.gru(embeds.to(self.gru.weight_ih_l0.dtype))
         return out
 
     def gru_step(self, embed: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
-        from sglang.srt.speculative.domino_utils import _domino_gru_cell
-
-        return _domino_gru_cell(self.gru, embed.to(self.gru.weight_ih_l0.dtype), state)
+        # one feedback token: the GRU's cell op on its own weights, as upstream's
+        # `_domino_gru_cell` (bias-free Domino GRU: the biases are None)
+        gru = self.gru
+        return torch.ops.aten.gru_cell.default(embed.to(gru.weight_ih_l0.dtype), state, gru.weight_ih_l0,
+                                               gru.weight_hh_l0, getattr(gru, "bias_ih_l0", None),
+                                               getattr(gru, "bias_hh_l0", None))
 
 
 @dataclass
-class SampledStep:
-    """One decode step's sampled rollout: what the proposals were drawn under, and q in
-    the compact layout of `sglang_domino.kernels.chain_accept` (q_0 dense, later
-    proposals on the candidate pool), never a dense [bs, n, V] buffer."""
-    sampling_info: object
-    positions: torch.Tensor                 # [bs] committed lengths: the coins' position key
-    sync_tokens: object = None              # every TP rank proposes rank 0's tokens
-    pool_ids: Optional[torch.Tensor] = None  # [bs, K], None: the whole vocabulary
-    tokens: Optional[torch.Tensor] = None   # [bs, n]
-    q_first: Optional[torch.Tensor] = None  # [bs, V]
-    q_rest: list = field(default_factory=list)    # n - 1 x [bs, K or V]
-    q_draft: list = field(default_factory=list)   # n x [bs]: q_k at the drawn token
-    rollout_coins: Optional[torch.Tensor] = None  # [bs, n], drawn once per rollout
-    # the batch's top-k bounds, known on the host (`DFlashDraftInputV2.prepare_for_decode`):
-    # without them upstream's `build_speculative_verify_target_probs` reads the largest
-    # top-k from the device, one host sync per proposal
-    max_top_k: Optional[int] = None
-    uniform_top_k_value: Optional[int] = None
-    # an injected [bs, V] logits -> q transform in place of upstream's (which needs sglang
-    # and `sampling_info`): the sglang-free GPU check (`benchmarks/gpu_check.py`) and tests
-    probs_fn: Optional[Callable[[torch.Tensor], torch.Tensor]] = None
+class QDraft:
+    """One step's proposals and their q in the chain-accept kernel's compact layout."""
+    tokens: torch.Tensor                  # [bs, n] int64
+    q_draft: torch.Tensor                 # [bs, n]: q_k at the drawn token
+    q_first: torch.Tensor                 # [bs, V]
+    pool_ids: Optional[torch.Tensor]      # [bs, K]; None: later proposals over the vocabulary
+    q_rest: Optional[torch.Tensor]        # [bs, n-1, K or V]; None when n == 1
 
-    def to_probs(self, logits: torch.Tensor) -> torch.Tensor:
-        """[bs, V] logits -> each request's distribution (temperature, top-k, top-p)."""
-        if self.probs_fn is not None:
-            return self.probs_fn(logits)
-        from sglang.srt.speculative.dflash_utils import build_speculative_verify_target_probs
-
-        info = self.sampling_info
-        if not (getattr(info, "need_top_k_sampling", True) or getattr(info, "need_top_p_sampling", False)):
-            # what `build_speculative_verify_target_probs` computes without top-k / top-p
-            return (logits.float() / info.temperatures).softmax(-1)
-        return build_speculative_verify_target_probs(
-            next_token_logits=logits.float(), sampling_info=self.sampling_info, draft_token_num=1,
-            bs=int(logits.shape[0]), max_top_k=self.max_top_k,
-            uniform_top_k_value=self.uniform_top_k_value)[:, 0].float()
-
-    def coins(self, first: int, count: int) -> torch.Tensor:
-        seeds = getattr(self.sampling_info, "sampling_seed", None)
-        if seeds is None:
-            return torch.rand((int(self.positions.shape[0]), count), device=self.positions.device)
-        from sglang.srt.layers.sampler import murmur_hash32
-
-        cols = torch.arange(first, first + count, device=self.positions.device)
-        hashed = murmur_hash32(seeds.to(torch.uint64), self.positions.to(torch.int64), cols)
-        return (hashed.to(torch.float64) + 0.5).div(2.0 ** 32).float()
-
-    def pick(self, logits: torch.Tensor, k: int):
-        """`propose_domino`'s Pick: draw proposal k from q_k and record q_k; returns no
-        probabilities, so the rollout stacks none."""
-        probs = self.to_probs(logits)
-        token = sample_inverse_cdf(probs, self.rollout_coins[:, k])
-        self.q_draft.append(probs.gather(1, token[:, None])[:, 0])
-        if k == 0:
-            self.q_first = probs
-        else:
-            self.q_rest.append(probs if self.pool_ids is None else probs.gather(1, self.pool_ids))
-        return token, None
-
-    def accept(self, drafts: torch.Tensor, target_probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The q rule over this step's proposals: the Triton kernel on CUDA, elsewhere the
-        reference `accept_probs` it is held equal to (tests/test_kernels.py)."""
-        n, vocab = int(drafts.shape[1]), int(target_probs.shape[-1])
-        uniforms = self.accept_uniforms(n)
-        q_draft = torch.stack(self.q_draft, dim=1)
-        q_rest = torch.stack(self.q_rest, dim=1) if self.q_rest else None
-        pool = self.pool_ids
-        if pool is None and q_rest is not None:
-            pool = torch.arange(vocab, device=drafts.device).expand(drafts.shape[0], vocab)
-        if target_probs.is_cuda:
-            from ..kernels.chain_accept import accept_chain
-
-            return accept_chain(drafts, q_draft, self.q_first, pool, q_rest, target_probs.float().contiguous(),
-                                uniforms)
-        from ..kernels.chain_accept import densify_q
-
-        return accept_probs(drafts, densify_q(self.q_first, pool, q_rest, vocab), target_probs, uniforms=uniforms)
-
-    def accept_uniforms(self, n: int) -> Uniforms:
-        u = self.coins(n, n + 1)
-        return Uniforms(u[:, :n], u[:, n])
+    def narrowed(self, proposals: int) -> "QDraft":
+        """The first `proposals` proposals (a step narrower than the block)."""
+        n = int(proposals)
+        rest = self.q_rest[:, : n - 1] if self.q_rest is not None and n > 1 else None
+        return QDraft(self.tokens[:, :n], self.q_draft[:, :n], self.q_first, self.pool_ids if rest is not None
+                      else None, rest)
 
 
-@contextlib.contextmanager
-def sampled_step(step: SampledStep):
-    """Route this thread's eager Domino rollout through `domino_sampled_rollout` (the
-    rollout hook, `rollout_hook.around_domino_rollout`, reads it)."""
-    _local.step = step
-    try:
-        yield step
-    finally:
-        _local.step = None
+class QPick:
+    """`propose_domino`'s Pick under `DraftParams`: proposal k drawn from `draft_q_probs`
+    with coin k (greedy rows: the argmax), mapped through the pool for k >= 1."""
 
+    def __init__(self, params: DraftParams, coins: torch.Tensor, pool_ids: Optional[torch.Tensor]):
+        self.params, self.coins, self.pool_ids = params, coins, pool_ids
+        self.q_draft: list = []
+        self.q: list = []
 
-def active_step() -> Optional[SampledStep]:
-    return getattr(_local, "step", None)
+    def __call__(self, logits: torch.Tensor, k: int):
+        p = self.params
+        probs = draft_q_probs(logits, p.temperature, p.top_k, p.top_p, p.greedy)
+        index = sample_inverse_cdf(probs, self.coins[:, k])
+        self.q_draft.append(probs.gather(1, index[:, None])[:, 0])
+        self.q.append(probs)
+        if k > 0 and self.pool_ids is not None:
+            return self.pool_ids.gather(1, index[:, None])[:, 0], None
+        return index, None
+
+    def draft(self, tokens: torch.Tensor) -> QDraft:
+        rest = torch.stack(self.q[1:], dim=1) if len(self.q) > 1 else None
+        return QDraft(tokens, torch.stack(self.q_draft, dim=1), self.q[0], self.pool_ids if rest is not None else None,
+                      rest)
 
 
 def base_logits(*, draft_hidden, lm_head_weight, vocab_size, shift_label, tp_group=None,
@@ -190,18 +202,87 @@ def candidate_pool(base: torch.Tensor, vocab: int, pool_size: int) -> Optional[t
     return None
 
 
+def q_rollout(params: DraftParams, coins: torch.Tensor, *, draft_hidden, bonus_tokens, target_embedding,
+              prefix_gru, embed_proj, vocab_size, candidate_pool_size, **base_args) -> QDraft:
+    """The q rule's rollout over a block's draft hidden states [bs, B, H] (upstream's
+    `domino_greedy_rollout` arguments): proposals drawn with `coins` [bs, n] under
+    `params`, and their q. Fixed shapes, no host sync (a CUDA graph holds it)."""
+    z, base = base_logits(draft_hidden=draft_hidden, vocab_size=vocab_size, **base_args)
+    pool = candidate_pool(base, int(vocab_size), int(candidate_pool_size))
+    rest = base[:, 1:]
+    if pool is not None:
+        rest = rest.gather(2, pool[:, None, :].expand(-1, rest.shape[1], -1))
+    pick = QPick(params, coins, pool)
+    head = UpstreamDominoHead(prefix_gru, embed_proj, pool)
+    tokens = propose_domino(z, (base[:, 0], rest), bonus_tokens, target_embedding, head, pick).tokens
+    return pick.draft(tokens)
+
+
+@dataclass
+class SampledStep:
+    """One decode step with sampled requests: what its proposals are drawn under, and the
+    proposals with their q once drawn (by the eager rollout, or read from the draft
+    graph's sampler by the worker)."""
+    sampling_info: object
+    positions: torch.Tensor                 # [bs] committed lengths: the coins' position key
+    sync_tokens: object = None              # every TP rank proposes rank 0's tokens
+    draft: Optional[QDraft] = None
+
+    def params(self) -> DraftParams:
+        return DraftParams.of(self.sampling_info, self.positions)
+
+    def coins(self, first: int, count: int, params: Optional[DraftParams] = None) -> torch.Tensor:
+        params = params if params is not None else self.params()
+        uniforms = torch.rand((int(self.positions.shape[0]), count), device=self.positions.device)
+        seeded = getattr(self.sampling_info, "sampling_seed", None) is not None
+        return draft_coins(params, uniforms, first, hashed=seeded)
+
+    def accept(self, drafts: torch.Tensor, target_probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The q rule over this step's proposals: the Triton kernel on CUDA, elsewhere the
+        reference `accept_probs` it is held equal to (tests/test_kernels.py)."""
+        d = self.draft
+        n, vocab = int(drafts.shape[1]), int(target_probs.shape[-1])
+        uniforms = self.accept_uniforms(n)
+        pool = d.pool_ids
+        if pool is None and d.q_rest is not None:
+            pool = torch.arange(vocab, device=drafts.device).expand(drafts.shape[0], vocab)
+        if target_probs.is_cuda:
+            from ..kernels.chain_accept import accept_chain
+
+            return accept_chain(drafts, d.q_draft, d.q_first, pool, d.q_rest, target_probs.float().contiguous(),
+                                uniforms)
+        from ..kernels.chain_accept import densify_q
+
+        return accept_probs(drafts, densify_q(d.q_first, pool, d.q_rest, vocab), target_probs, uniforms=uniforms)
+
+    def accept_uniforms(self, n: int) -> Uniforms:
+        u = self.coins(n, n + 1)
+        return Uniforms(u[:, :n], u[:, n])
+
+
+@contextlib.contextmanager
+def sampled_step(step: SampledStep):
+    """Route this thread's eager Domino rollout through `domino_sampled_rollout` (the
+    rollout hook, `rollout_hook.around_domino_rollout`, reads it)."""
+    _local.step = step
+    try:
+        yield step
+    finally:
+        _local.step = None
+
+
+def active_step() -> Optional[SampledStep]:
+    return getattr(_local, "step", None)
+
+
 def domino_sampled_rollout(step: SampledStep, **rollout_args) -> torch.Tensor:
-    """Same arguments and result ([bs, n] proposals) as upstream's `domino_greedy_rollout`;
-    records the proposals and q on `step`."""
-    z, base = base_logits(**rollout_args)
-    vocab = int(rollout_args["vocab_size"])
-    pool = candidate_pool(base, vocab, int(rollout_args["candidate_pool_size"]))
-    step.pool_ids = pool
-    step.rollout_coins = step.coins(0, int(z.shape[1]))
-    head = UpstreamDominoHead(rollout_args["prefix_gru"], rollout_args["embed_proj"], pool, vocab)
-    tokens = propose_domino(z, base, rollout_args["bonus_tokens"], rollout_args["target_embedding"], head,
-                            step.pick).tokens
+    """Same arguments and result ([bs, n] proposals) as upstream's `domino_greedy_rollout`,
+    run eagerly; records the proposals and q on `step`."""
+    params = step.params()
+    n = int(rollout_args["draft_hidden"].shape[1]) - 1
+    args = {k: v for k, v in rollout_args.items() if k != "in_cuda_graph"}
+    draft = q_rollout(params, step.coins(0, n, params), **args)
     if step.sync_tokens is not None:
-        step.sync_tokens(tokens)
-    step.tokens = tokens
-    return tokens
+        step.sync_tokens(draft.tokens)
+    step.draft = draft
+    return draft.tokens

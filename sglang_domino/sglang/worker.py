@@ -39,7 +39,7 @@ from sglang.srt.speculative.draft_worker_common import make_draft_block_spec_inf
 from typing_extensions import override
 
 from ..verify_width import AdaptiveWidth, FixedWidth
-from . import HF_WINDOW_ENV, draft_tail, env_flag, hooks, request_accept, warmup
+from . import HF_WINDOW_ENV, draft_tail, env_flag, hooks, q_sampler, request_accept, warmup
 from . import settings as scheduler_settings
 from .checks import check_draft_against_target, read_draft_config, read_target_config
 from .cpu import dflash as cpu_dflash
@@ -98,6 +98,8 @@ class DominoDFlashWorker(DFlashWorkerV2):
             hooks.install(hooks.DOMINO_ROLLOUT)
         # argument resolution refuses the flag for drafts that are not Domino
         self.q_rule = bool(get_spec().speculative_use_rejection_sampling) and self._is_domino
+        # the q rule's rollout in the draft graph (`q_sampler`), built with the graphs
+        self._q_sampler = None
         logger.info(
             "sglang-domino DFLASH worker: device=%s, draft block=%s, verify width=%s, domino=%s, "
             "sampled verify=%s", self.device, self.draft_block,
@@ -193,18 +195,23 @@ class DominoDFlashWorker(DFlashWorkerV2):
         return width
 
     def _forward_with_q_rollout(self, batch, *args, **kwargs):
-        """With the q rule, a decode step that has sampled requests proposes through
-        `sampled_rollout.domino_sampled_rollout` (eager; upstream's in-graph greedy rollout,
-        `_DominoDraftSampler`, is stepped around for that step only: its graph still
-        replays, its output is not read)."""
-        if (not self.q_rule or batch.forward_mode.is_extend() or batch.is_extend_in_batch
-                or _is_all_greedy(batch.sampling_info)):
+        """With the q rule, a decode step that has sampled requests proposes from q.
+        Where the draft graph holds the q rule's rollout (`q_sampler.QRuleDraftSampler`,
+        CUDA), every decode step stages its rows' parameters for the replay (greedy rows
+        propose the argmax); a step the graph does not serve, or a server without it,
+        proposes through the eager `sampled_rollout.domino_sampled_rollout` (the rollout
+        hook), upstream's in-graph greedy sampler stepped around for that step."""
+        if not self.q_rule or batch.forward_mode.is_extend() or batch.is_extend_in_batch:
             return super().forward_batch_generation(batch, *args, **kwargs)
-        draft_input = batch.spec_info
+        if self._q_sampler is not None:
+            self._q_sampler.stage(batch.sampling_info, batch.seq_lens, int(batch.seq_lens.shape[0]))
+        if _is_all_greedy(batch.sampling_info):
+            return super().forward_batch_generation(batch, *args, **kwargs)
         step = SampledStep(batch.sampling_info, batch.seq_lens,
-                           sync_tokens=lambda t: self._tp_sync.sync(SpecTpSyncSite.DFLASH_SELECTOR, t),
-                           max_top_k=getattr(draft_input, "max_top_k", None),
-                           uniform_top_k_value=getattr(draft_input, "uniform_top_k_value", None))
+                           sync_tokens=lambda t: self._tp_sync.sync(SpecTpSyncSite.DFLASH_SELECTOR, t))
+        if self._q_sampler is not None:
+            with sampled_step(step):
+                return super().forward_batch_generation(batch, *args, **kwargs)
         sampler, self._draft_sampler = self._draft_sampler, None
         try:
             with sampled_step(step):
@@ -224,7 +231,7 @@ class DominoDFlashWorker(DFlashWorkerV2):
         a point mass on the argmax, so they stay token for token the target's."""
         sampling_info = kwargs["sampling_info"]
         step = active_step() if self.q_rule else None
-        if step is not None and step.tokens is not None and not _is_all_greedy(sampling_info):
+        if step is not None and int(kwargs["candidates"].shape[1]) > 1 and not _is_all_greedy(sampling_info):
             return self._accept_q_rule(step, **kwargs)
         if (self._selector_sample is not None or kwargs.get("target_predict") is not None
                 or _is_all_greedy(sampling_info) or is_dflash_sampling_verify_available()
@@ -252,7 +259,11 @@ class DominoDFlashWorker(DFlashWorkerV2):
         norm(max(0, p - q)), the bonus drawn from p (`SampledStep.accept`)."""
         bs, width = int(bs), int(candidates.shape[1])
         drafts = candidates[:, 1:].to(torch.int64)
-        if CHECK_Q_RULE_BLOCK and not torch.equal(drafts, step.tokens.to(drafts.device)):
+        if step.draft is None:   # the draft graph drew them
+            if self._q_sampler is None:
+                raise RuntimeError("sglang-domino q rule: a sampled step verified proposals no rollout recorded")
+            step.draft = self._q_sampler.read(bs, width)
+        if CHECK_Q_RULE_BLOCK and not torch.equal(drafts, step.draft.tokens.to(drafts.device)):
             # a host sync that waits for the verify: a debugging aid, off by default
             raise RuntimeError("sglang-domino: the verified block is not the sampled rollout's proposals")
         target_probs = self._target_probs(next_token_logits=next_token_logits, sampling_info=sampling_info,
@@ -310,9 +321,9 @@ class DominoDFlashWorker(DFlashWorkerV2):
         # first window - 1 proposals). The Transformers window (block + 1 verified) needs
         # one proposal more than a block sampler makes: the eager rollout runs on the
         # hidden states `DraftBlockRunner` hands back.
+        # With the q rule, the q rule's rollout takes the greedy Domino sampler's place
+        # (`q_sampler`): one graph serves sampled and greedy rows.
         window, block = int(self.block_size), int(getattr(self, "draft_block", self.block_size))
-        if block == window:
-            return super()._maybe_build_draft_sampler()
         if block < window:
             return None
         self.block_size = block
@@ -320,7 +331,14 @@ class DominoDFlashWorker(DFlashWorkerV2):
             sampler = super()._maybe_build_draft_sampler()
         finally:
             self.block_size = window
-        return draft_tail.at_width(sampler, window)
+        if self.q_rule and sampler is not None:
+            self._q_sampler = q_sampler.build(sampler)
+            if self._q_sampler is not None:
+                sampler = self._q_sampler
+                if self._q_sampler.tp_size > 1:
+                    q_sampler.BroadcastProposals(
+                        self, sampler, lambda t: self._tp_sync.sync(SpecTpSyncSite.DFLASH_SELECTOR, t)).install()
+        return sampler if block == window else draft_tail.at_width(sampler, window)
 
 
 class FirstVerifyLog:

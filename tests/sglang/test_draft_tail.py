@@ -101,6 +101,7 @@ def test_b8_builds_the_sampler_at_the_draft_block_and_reads_it_at_the_window(mon
 
     monkeypatch.setattr(w2.DFlashWorkerV2, "_maybe_build_draft_sampler", build)
     worker = DominoDFlashWorker.__new__(DominoDFlashWorker)
+    worker.q_rule = False                                       # with it: tests/sglang/test_q_sampler.py
     worker.block_size, worker.draft_block = 8, BLOCK            # b8
     sampler = worker._maybe_build_draft_sampler()
     assert built == [BLOCK] and worker.block_size == 8

@@ -14,10 +14,13 @@ from tests.sglang.tp_fakes import V, Exchange, FakeGroup, du, rollout_modules
 BLOCK, BS = 8, 4
 
 
-def _sampling_info(bs, temperature=1.0, top_k=-1, seeds=None):
+TOP_K_ALL = 1 << 30     # 0.5.23's top-k of a request that sets none (`sampling_params.py:43`)
+
+
+def _sampling_info(bs, temperature=1.0, top_k=TOP_K_ALL, seeds=None):
     top_ks = torch.full((bs,), top_k, dtype=torch.int32)
     return SimpleNamespace(temperatures=torch.full((bs, 1), float(temperature)), top_ks=top_ks,
-                           top_ps=torch.ones(bs), need_top_k_sampling=top_k != -1, need_top_p_sampling=False,
+                           top_ps=torch.ones(bs), need_top_k_sampling=top_k != TOP_K_ALL, need_top_p_sampling=False,
                            sampling_seed=None if seeds is None else torch.tensor(seeds, dtype=torch.int64))
 
 
@@ -59,11 +62,10 @@ def test_greedy_rows_propose_upstreams_greedy_chain(inputs, pool, shift_label):
     step = SampledStep(_sampling_info(BS, top_k=1), torch.full((BS,), 10))
     tokens = domino_sampled_rollout(step, **kw)
     assert torch.equal(tokens, du.domino_greedy_rollout(**kw))
-    q = torch.stack(step.q_draft, dim=1)
+    q = step.draft.q_draft
     assert torch.equal(q, torch.ones_like(q))          # q at each proposal: a point mass
     if pool:
-        assert step.pool_ids.shape == (BS, pool) and len(step.q_rest) == BLOCK - 2
-        assert step.q_rest[0].shape == (BS, pool)
+        assert step.draft.pool_ids.shape == (BS, pool) and step.draft.q_rest.shape == (BS, BLOCK - 2, pool)
 
 
 def test_sampled_rows_stay_on_the_pool_and_record_q(inputs):
@@ -72,14 +74,15 @@ def test_sampled_rows_stay_on_the_pool_and_record_q(inputs):
     mods, hidden, bonus = inputs
     step = SampledStep(_sampling_info(BS, temperature=2.0), torch.full((BS,), 10))
     tokens = domino_sampled_rollout(step, **_kwargs(mods, hidden, bonus, pool=20))
+    d = step.draft
     for k in range(1, BLOCK - 1):
-        on_pool = (step.pool_ids == tokens[:, k:k + 1]).any(-1)
+        on_pool = (d.pool_ids == tokens[:, k:k + 1]).any(-1)
         assert bool(on_pool.all())
-        q_rest = step.q_rest[k - 1]
+        q_rest = d.q_rest[:, k - 1]
         assert torch.allclose(q_rest.sum(-1), torch.ones(BS, dtype=q_rest.dtype))
-        picked = q_rest.gather(1, (step.pool_ids == tokens[:, k:k + 1]).float().argmax(-1, keepdim=True))[:, 0]
-        assert torch.equal(picked, step.q_draft[k])
-    assert torch.allclose(step.q_first.sum(-1), torch.ones(BS))
+        picked = q_rest.gather(1, (d.pool_ids == tokens[:, k:k + 1]).float().argmax(-1, keepdim=True))[:, 0]
+        assert torch.equal(picked, d.q_draft[:, k])
+    assert torch.allclose(d.q_first.sum(-1), torch.ones(BS))
 
 
 def _seeded_step(mods, hidden, bonus, seeds):
@@ -171,23 +174,34 @@ def test_rollout_hook_embeds_feedback_plainly_and_answers_a_one_slot_block(input
     assert empty.shape == (BS, 0) and len(seen) == 1
 
 
-def test_top_k_probabilities_take_the_host_known_bound_and_do_not_sync():
-    """Qwen3's default sampling (top-k 20) applies top-k to nearly every sampled request:
-    without the batch's host-known largest top-k, 0.5.23's `build_speculative_verify_target_probs`
-    reads it from the device once per proposal (`.item()`, a host sync). Fake CUDA tensors
-    raise on such a read as a GPU stalls on it."""
-    from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
+def test_the_rollout_stages_and_draws_on_the_device_without_a_host_read(inputs, monkeypatch):
+    """Qwen3's default sampling (T 0.6, top-k 20, top-p 0.95) on fake CUDA tensors, which
+    raise on a host read as a GPU stalls on one: the parameters staged from the batch, the
+    seeded coins (upstream's hash, its CPU stand-in standing for the Triton kernel), the
+    rollout and the acceptance's coins. 0.5.23's own transform for p reads the batch's
+    largest top-k from the device when it is not given; ours needs no bound."""
+    from sglang.srt.layers import sampler as upstream_sampler
 
-    from sglang_domino.sglang.sampled_rollout import SampledStep
+    from sglang_domino.sglang.cpu import kernel_standin
+    from sglang_domino.sglang.sampled_rollout import SampledStep, domino_sampled_rollout
+    from tests.fake_cuda import fake_cuda
 
-    with FakeTensorMode():
-        info = SimpleNamespace(temperatures=torch.full((BS, 1), 0.6, device="cuda"),
-                               top_ks=torch.full((BS,), 20, dtype=torch.int32, device="cuda"),
-                               top_ps=torch.full((BS,), 0.95, device="cuda"), need_top_k_sampling=True,
-                               need_top_p_sampling=False, sampling_seed=None)
-        logits = torch.randn(BS, V, device="cuda")
-        positions = torch.zeros(BS, dtype=torch.int64, device="cuda")
-        probs = SampledStep(info, positions, max_top_k=20, uniform_top_k_value=20).to_probs(logits)
-        assert probs.shape == (BS, V) and probs.device.type == "cuda"
-        with pytest.raises(DataDependentOutputException):
-            SampledStep(info, positions).to_probs(logits)
+    monkeypatch.setattr(upstream_sampler, "murmur_hash32", kernel_standin.murmur_hash32_cpu)
+    _, hidden, bonus = inputs
+    lm_head, embed, gru, proj = rollout_modules(seed=3)   # fresh: `Module.to` moves the modules themselves
+    with fake_cuda(allow_non_fake_inputs=True) as mode:
+        cuda = lambda t: mode.from_tensor(t).to("cuda")  # noqa: E731
+        modules = (lm_head.to("cuda"), embed.to("cuda"), gru.to("cuda"), proj.to("cuda"))
+        for seeds in (None, [1, 2, 3, 4]):
+            info = SimpleNamespace(temperatures=torch.full((BS, 1), 0.6, device="cuda"),
+                                   top_ks=torch.full((BS,), 20, dtype=torch.int32, device="cuda"),
+                                   top_ps=torch.full((BS,), 0.95, device="cuda"),
+                                   sampling_seed=None if seeds is None else torch.tensor(seeds, device="cuda"))
+            step = SampledStep(info, torch.full((BS,), 10, device="cuda"))
+            kw = _kwargs(modules, cuda(hidden), cuda(bonus), pool=20)
+            tokens = domino_sampled_rollout(step, **kw)
+            assert tokens.device.type == "cuda" and tokens.shape == (BS, BLOCK - 1)
+            # the acceptance's coins (the Triton kernel they feed cannot run on fake tensors;
+            # the GPU check launches it on the device)
+            u = step.accept_uniforms(BLOCK - 1)
+            assert u.steps.shape == (BS, BLOCK - 1) and u.final.device.type == "cuda"
