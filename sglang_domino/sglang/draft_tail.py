@@ -17,6 +17,9 @@ different, equally lossless draft, and the verify decides what is committed).
 `FirstProposals` wraps the block-wide sampler so that upstream reads those: called at
 capture it is the block sampler; its `out` is the block's rows cut to W - 1 columns and
 laid out as upstream reads a W-wide step (one small device copy, no host sync).
+
+The Transformers window is one slot wider than the block: `WindowProposals` runs the
+rollout in the graph over the block padded to the window (B proposals).
 """
 
 from __future__ import annotations
@@ -44,6 +47,65 @@ class FirstProposals:
         return self.sampler.out.view(-1, per_row)[:, : self.width - 1].reshape(-1)
 
 
+def padded_block(hidden_states: torch.Tensor, slots: int, width: int) -> torch.Tensor:
+    """The draft graph's hidden states [bs * slots, H] as [bs, width, H]: a window wider than
+    the block gets zero slots at the end, never read (the Transformers window: a
+    `shift_label` rollout reads slots 0..width-2), as `DraftBlockRunner` pads them for the
+    eager rollout."""
+    bs = int(hidden_states.shape[0]) // int(slots)
+    hidden = hidden_states.view(bs, int(slots), -1)
+    if int(width) > int(slots):
+        hidden = torch.cat((hidden, hidden.new_zeros(bs, int(width) - int(slots), hidden.shape[-1])), dim=1)
+    return hidden
+
+
+class WindowProposals:
+    """The Transformers window (`SGLANG_DOMINO_HF_WINDOW=1`: a window of B + 1 over a
+    `shift_label` Domino draft's block of B): the window verifies B proposals, from slots
+    0..B-1, where 0.5.23's greedy sampler makes B - 1. This runs upstream's greedy rollout
+    in the draft graph over the block's hidden states padded to the window, and lays out B
+    per row, as upstream reads a window-wide step."""
+
+    def __init__(self, sampler, window: int):
+        self.sampler = sampler
+        self.slots = int(sampler.block_size)
+        self.block_size = int(window)         # upstream reads rows of block_size - 1
+        if self.block_size != self.slots + 1 or not sampler.shift_label:
+            raise ValueError(f"the Transformers window is a shift_label draft's block + 1; got block {self.slots}, "
+                             f"window {self.block_size}, shift_label={sampler.shift_label}")
+        max_bs = int(sampler.out.numel()) // (self.slots - 1)
+        self.out = torch.zeros(max_bs * self.slots, dtype=torch.int64, device=sampler.out.device)
+
+    def __call__(self, hidden_states, input_ids=None):
+        from sglang.srt.speculative import dflash_worker_v2 as w2
+
+        s = self.sampler
+        hidden = padded_block(hidden_states, self.slots, self.block_size)
+        bs = int(hidden.shape[0])
+        proposals = w2.domino_greedy_rollout(
+            draft_hidden=hidden, bonus_tokens=input_ids.view(bs, self.slots)[:, 0],
+            target_embedding=s.target_embedding, lm_head_weight=s.lm_head_weight, prefix_gru=s.prefix_gru,
+            embed_proj=s.embed_proj, vocab_size=s.vocab_size, shift_label=True,
+            candidate_pool_size=s.candidate_pool_size, tp_group=s.tp_group,
+            lm_head_org_vocab_start=s.lm_head_org_vocab_start, lm_head_num_org=s.lm_head_num_org,
+            lm_head_num_org_padded=s.lm_head_num_org_padded, in_cuda_graph=True)
+        self.out[: bs * self.slots].copy_(proposals.reshape(-1))
+
+
+def widened(sampler, window: int):
+    """What upstream should read for the Transformers window: upstream's greedy Domino
+    sampler widened to it, the q rule's already built for it, or None (eager)."""
+    from sglang.srt.speculative.dflash_worker_v2 import _DominoDraftSampler
+
+    from .q_sampler import QRuleDraftSampler
+
+    if isinstance(sampler, QRuleDraftSampler) and sampler.block_size == int(window):
+        return sampler
+    if isinstance(sampler, _DominoDraftSampler) and sampler.shift_label:
+        return WindowProposals(sampler, window)
+    return None
+
+
 def foldable(sampler) -> bool:
     """Whether the in-graph sampler's proposals can be cut to a narrower width: the
     greedy Domino rollout, DFlash's argmax and the q rule's rollout (whose q the worker
@@ -68,4 +130,4 @@ def at_width(sampler, width: int):
     return FirstProposals(block, width)
 
 
-__all__ = ["FirstProposals", "at_width", "foldable"]
+__all__ = ["FirstProposals", "WindowProposals", "at_width", "foldable", "padded_block", "widened"]

@@ -398,7 +398,7 @@ DEPENDS: tuple[Dependency, ...] = (
     Dependency(f"{_W2}.DFlashWorkerV2._accept_block", "overridden: exact sampled verify without the CUDA kernel"),
     Dependency(f"{_W2}.DFlashWorkerV2.init_cuda_graphs", "overridden: the draft graph at the draft block"),
     Dependency(f"{_W2}.DFlashWorkerV2._maybe_build_draft_sampler",
-               "overridden: b8's sampler built at the draft block; none for the Transformers window; with the q rule "
+               "overridden: b8's sampler built at the draft block; the Transformers window's widened to it; with the q rule "
                "the q rule's rollout in the greedy Domino sampler's place"),
     Dependency(f"{_W2}.DFlashWorkerV2._validate_phase1_sampling_support", "overridden: no greedy-fallback warning"),
     Dependency(f"{_S}.speculative.base_spec_worker.BaseSpecWorker.on_verify_complete_cpu",

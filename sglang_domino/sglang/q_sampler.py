@@ -23,6 +23,7 @@ from typing import Optional
 
 import torch
 
+from .draft_tail import padded_block
 from .sampled_rollout import DraftParams, QDraft, active_step, draft_coins, q_rollout
 
 logger = logging.getLogger(__name__)
@@ -34,12 +35,19 @@ _ROLLOUT_FIELDS = ("target_embedding", "lm_head_weight", "prefix_gru", "embed_pr
 
 
 class QRuleDraftSampler:
-    """The q rule's Domino rollout over a block of `block_size` slots, in static buffers for
-    up to `max_bs` requests."""
+    """The q rule's Domino rollout over the draft graph's block of `slots` slots, proposing
+    `block_size` - 1 tokens (the block's, or for the Transformers window, `block_size` =
+    slots + 1, the window's), in static buffers for up to `max_bs` requests."""
 
-    def __init__(self, *, block_size: int, max_bs: int, hashed_coins: bool = True, **rollout):
+    def __init__(self, *, block_size: int, max_bs: int, slots: Optional[int] = None, hashed_coins: bool = True,
+                 **rollout):
         self.rollout = rollout
         self.block_size = int(block_size)
+        self.slots = int(slots) if slots is not None else self.block_size
+        if self.block_size not in (self.slots, self.slots + 1) or (self.block_size > self.slots
+                                                                   and not rollout.get("shift_label")):
+            raise ValueError(f"the q rule's draft graph proposes for its block or, with shift_label, one slot more; "
+                             f"got block {self.slots}, proposals for {self.block_size}")
         tp_group = rollout.get("tp_group")
         self.tp_size = int(tp_group.world_size) if tp_group is not None else 1
         self.hashed_coins = bool(hashed_coins)
@@ -60,12 +68,14 @@ class QRuleDraftSampler:
         self.q_rest = torch.zeros((rows, n - 1, pool), dtype=torch.float32, device=device)
 
     @classmethod
-    def replacing(cls, greedy, **kwargs) -> "QRuleDraftSampler":
+    def replacing(cls, greedy, width: Optional[int] = None, **kwargs) -> "QRuleDraftSampler":
         """Built from 0.5.23's greedy `_DominoDraftSampler` (its modules, vocabulary shard
-        and batch bound)."""
+        and batch bound), proposing for `width` (default: its block)."""
         rollout = {name: getattr(greedy, name) for name in _ROLLOUT_FIELDS}
-        max_bs = int(greedy.out.numel()) // (int(greedy.block_size) - 1)
-        return cls(block_size=greedy.block_size, max_bs=max_bs, **rollout, **kwargs)
+        slots = int(greedy.block_size)
+        max_bs = int(greedy.out.numel()) // (slots - 1)
+        return cls(block_size=int(width) if width is not None else slots, slots=slots, max_bs=max_bs, **rollout,
+                   **kwargs)
 
     @property
     def nbytes(self) -> int:
@@ -80,11 +90,12 @@ class QRuleDraftSampler:
         """The capture hook (`make_draft_sampler_capture_hook`): the draft graph's tail."""
         if input_ids is None:
             raise RuntimeError("the q rule's draft sampler needs the block's input ids (its bonus tokens)")
-        bs = int(hidden_states.shape[0]) // self.block_size
+        hidden = padded_block(hidden_states, self.slots, self.block_size)
+        bs = int(hidden.shape[0])
         params = self.params.rows(bs)
         coins = draft_coins(params, self.uniforms[:bs].uniform_(), 0, hashed=self.hashed_coins)
-        draft = q_rollout(params, coins, draft_hidden=hidden_states.view(bs, self.block_size, -1),
-                          bonus_tokens=input_ids.view(bs, self.block_size)[:, 0], **self.rollout)
+        draft = q_rollout(params, coins, draft_hidden=hidden, bonus_tokens=input_ids.view(bs, self.slots)[:, 0],
+                          **self.rollout)
         self.out[: draft.tokens.numel()].copy_(draft.tokens.reshape(-1))
         self.q_draft[:bs].copy_(draft.q_draft)
         self.q_first[:bs].copy_(draft.q_first)
@@ -123,9 +134,10 @@ class BroadcastProposals:
         return out
 
 
-def build(greedy) -> Optional[QRuleDraftSampler]:
-    """The captured q rule in place of upstream's greedy Domino sampler, or None (logged)
-    where it cannot be: no greedy sampler to take over, a block of two, no candidate pool."""
+def build(greedy, width: Optional[int] = None) -> Optional[QRuleDraftSampler]:
+    """The captured q rule in place of upstream's greedy Domino sampler, proposing for
+    `width` (its block, or the Transformers window), or None (logged) where it cannot be:
+    no greedy sampler to take over, a block of two, no candidate pool."""
     from sglang.srt.speculative.dflash_worker_v2 import _DominoDraftSampler
 
     if not isinstance(greedy, _DominoDraftSampler):
@@ -136,7 +148,7 @@ def build(greedy) -> Optional[QRuleDraftSampler]:
                     "the captured tail needs a block of 3 or more and a pool; "
                     "--speculative-domino-candidate-pool-size)", int(greedy.block_size), pool, vocab)
         return None
-    sampler = QRuleDraftSampler.replacing(greedy)
+    sampler = QRuleDraftSampler.replacing(greedy, width)
     logger.info("sglang-domino q rule: sampled rollout captured in the draft graph (block %d, pool %d, up to %d "
                 "requests, %.1f MiB of static buffers, tp=%d)", sampler.block_size, pool,
                 int(sampler.uniforms.shape[0]), sampler.nbytes / 2 ** 20, sampler.tp_size)

@@ -316,28 +316,27 @@ class DominoDFlashWorker(DFlashWorkerV2):
 
     @override
     def _maybe_build_draft_sampler(self):
-        # The in-graph sampler proposes from the draft graph's block. b8 (block wider than
-        # the window): built at the block, read at the window (`draft_tail`: the block's
-        # first window - 1 proposals). The Transformers window (block + 1 verified) needs
-        # one proposal more than a block sampler makes: the eager rollout runs on the
-        # hidden states `DraftBlockRunner` hands back.
+        # The in-graph sampler proposes from the draft graph's block, built at the draft
+        # block. b8 (block wider than the window): read at the window (`draft_tail`: the
+        # block's first window - 1 proposals). The Transformers window (block + 1 verified):
+        # the rollout over the block padded to the window (`draft_tail.WindowProposals`).
         # With the q rule, the q rule's rollout takes the greedy Domino sampler's place
         # (`q_sampler`): one graph serves sampled and greedy rows.
         window, block = int(self.block_size), int(getattr(self, "draft_block", self.block_size))
-        if block < window:
-            return None
         self.block_size = block
         try:
             sampler = super()._maybe_build_draft_sampler()
         finally:
             self.block_size = window
         if self.q_rule and sampler is not None:
-            self._q_sampler = q_sampler.build(sampler)
+            self._q_sampler = q_sampler.build(sampler, width=max(block, window))
             if self._q_sampler is not None:
                 sampler = self._q_sampler
                 if self._q_sampler.tp_size > 1:
                     q_sampler.BroadcastProposals(
                         self, sampler, lambda t: self._tp_sync.sync(SpecTpSyncSite.DFLASH_SELECTOR, t)).install()
+        if block < window:
+            return draft_tail.widened(sampler, window)
         return sampler if block == window else draft_tail.at_width(sampler, window)
 
 

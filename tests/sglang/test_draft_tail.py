@@ -15,7 +15,7 @@ pytest.importorskip("sglang")
 from sglang.srt.speculative import dflash_worker_v2 as w2  # noqa: E402
 
 from sglang_domino.sglang import draft_tail  # noqa: E402
-from sglang_domino.sglang.draft_tail import FirstProposals  # noqa: E402
+from sglang_domino.sglang.draft_tail import FirstProposals, WindowProposals  # noqa: E402
 from tests.sglang.tp_fakes import V, du, rollout_modules  # noqa: E402
 
 BLOCK, BS = 16, 3
@@ -106,7 +106,29 @@ def test_b8_builds_the_sampler_at_the_draft_block_and_reads_it_at_the_window(mon
     sampler = worker._maybe_build_draft_sampler()
     assert built == [BLOCK] and worker.block_size == 8
     assert isinstance(sampler, FirstProposals) and sampler.width == 8 and sampler.sampler.block_size == BLOCK
-    worker.block_size, worker.draft_block = 17, BLOCK           # the Transformers window: eager
-    assert worker._maybe_build_draft_sampler() is None and built == [BLOCK]
+    worker.block_size, worker.draft_block = 17, BLOCK           # the Transformers window: widened
+    window = worker._maybe_build_draft_sampler()
+    assert isinstance(window, WindowProposals) and window.block_size == 17 and built == [BLOCK, BLOCK]
     worker.block_size = worker.draft_block = BLOCK              # as built: upstream's
     assert isinstance(worker._maybe_build_draft_sampler(), w2._DominoDraftSampler)
+
+
+@pytest.mark.parametrize("pool", [0, 6])
+def test_the_transformers_window_proposes_the_padded_blocks_rollout_in_the_graph(block, pool):
+    """A window of B + 1 over a shift_label block of B: the in-graph sampler proposes B
+    tokens per row, what the eager rollout proposes over the hidden states `DraftBlockRunner`
+    pads to the window (the path a window step took before), laid out as upstream reads a
+    window-wide step."""
+    mods, hidden, ids = block
+    sampler = WindowProposals(domino_sampler(mods, True, pool=pool), BLOCK + 1)
+    sampler(hidden.reshape(BS * BLOCK, -1), ids.reshape(-1))
+    padded = torch.cat((hidden, hidden.new_zeros(BS, 1, hidden.shape[-1])), dim=1)
+    lm_head, embed, gru, proj = mods
+    eager = du.domino_greedy_rollout(draft_hidden=padded, bonus_tokens=ids[:, 0], target_embedding=embed,
+                                     lm_head_weight=lm_head, prefix_gru=gru, embed_proj=proj, vocab_size=V,
+                                     shift_label=True, candidate_pool_size=pool, in_cuda_graph=False)
+    assert eager.shape == (BS, BLOCK)
+    assert torch.equal(read_as_upstream(sampler, BS, BLOCK + 1), eager)
+    with pytest.raises(ValueError, match="shift_label"):
+        WindowProposals(domino_sampler(mods, False), BLOCK + 1)
+    assert draft_tail.widened(None, BLOCK + 1) is None

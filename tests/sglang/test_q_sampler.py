@@ -120,6 +120,25 @@ def test_seeded_rows_repeat_in_the_graph(block, standin):
     assert torch.equal(runs[0], runs[1])
 
 
+def test_the_transformers_window_draws_one_proposal_more_from_the_padded_block(block, standin):
+    """A window of B + 1 over a shift_label block of B: B proposals, the rollout over the
+    block padded to the window (never-read zero slot), as the eager path pads it."""
+    mods, hidden, ids = block
+    sampler = QRuleDraftSampler.replacing(greedy_sampler(mods), BLOCK + 1)
+    assert sampler.slots == BLOCK and sampler.block_size == BLOCK + 1
+    sampler.stage(mixed_info(), torch.arange(BS), BS)
+    torch.manual_seed(4)
+    sampler(hidden.reshape(BS * BLOCK, -1), ids.reshape(-1))
+    torch.manual_seed(4)
+    coins = torch.rand(BS, BLOCK)
+    padded = torch.cat((hidden, hidden.new_zeros(BS, 1, hidden.shape[-1])), dim=1)
+    want = q_rollout(sampler.params.rows(BS), coins, draft_hidden=padded, bonus_tokens=ids[:, 0], **sampler.rollout)
+    got = sampler.read(BS, BLOCK + 1)
+    assert got.tokens.shape == (BS, BLOCK) and torch.equal(got.tokens, want.tokens)
+    assert torch.equal(got.q_rest, want.q_rest)
+    assert at_width(sampler, BLOCK + 1) is sampler
+
+
 def test_no_pool_or_a_two_slot_block_is_refused(block):
     mods = block[0]
     with pytest.raises(ValueError, match="candidate pool"):
@@ -182,7 +201,11 @@ def test_the_worker_builds_the_q_rule_in_the_greedy_samplers_place(monkeypatch, 
     assert isinstance(view, FirstProposals) and view.sampler is worker._q_sampler and view.width == 4
     worker.block_size, pool[0] = BLOCK, 0                          # no pool: upstream's, eager q rule
     assert isinstance(worker._maybe_build_draft_sampler(), w2._DominoDraftSampler) and worker._q_sampler is None
-    worker.q_rule, pool[0] = False, POOL                            # no q rule: upstream's
+    worker.draft_block, worker.block_size, pool[0] = BLOCK, BLOCK + 1, POOL   # the Transformers window
+    window = worker._maybe_build_draft_sampler()
+    assert isinstance(window, QRuleDraftSampler) and window.block_size == BLOCK + 1 and window.slots == BLOCK
+    worker.block_size = BLOCK
+    worker.q_rule = False                                          # no q rule: upstream's
     assert isinstance(worker._maybe_build_draft_sampler(), w2._DominoDraftSampler)
 
 
