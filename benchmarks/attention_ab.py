@@ -8,7 +8,9 @@ concurrency (float32, greedy, the held-out requests).
 
 With `--baseline REV` the two sides are the plugin at git revision REV (checked out into a
 temporary worktree that the baseline's servers import first, through `PYTHONPATH`) and the
-working tree, both with the batched attention: what a change of the CPU port buys, served.
+working tree, both with the batched attention: what a change of the plugin buys, served.
+`--configs domino+q --temperature 0.6` serves the Domino draft with the q rule
+(`--speculative-use-rejection-sampling`) on sampled requests.
 
 Writes `attention_ab.json` (every run) and `attention_ab.md` (medians, second / first side,
 the CPU named) to DIR.
@@ -59,10 +61,10 @@ def serve_and_measure(cfg, config: str, side: str, env_extra: dict, prompts: lis
     from sglang_domino.launch import free_port, start
 
     from .records import TARGET_ONLY
-    from .sglang_bench import generate, measure
+    from .sglang_bench import Q_FLAG, Q_SUFFIX, generate, measure
 
     port = free_port()
-    cmd = cfg.launch_command(port, draft_for(cfg, config))
+    cmd = cfg.launch_command(port, draft_for(cfg, config), (Q_FLAG,) if config.endswith(Q_SUFFIX) else ())
     env = {**os.environ, **env_extra}
     method = TARGET_ONLY if config == "plain" else config
     result = {}
@@ -83,12 +85,14 @@ def main(argv=None) -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--concurrencies", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--prompts", type=int, default=16)
-    ap.add_argument("--configs", nargs="+", default=["plain", "domino"])
+    ap.add_argument("--configs", nargs="+", default=["plain", "domino"],
+                    help="plain, a test-bed draft (domino, dflash), or <draft>+q for the q rule")
+    ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--baseline", metavar="REV", help="the plugin at this git revision against the working tree")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "cpu-attention"))
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    cfg = bench_config(args.prompts, args.concurrencies)
+    cfg = bench_config(args.prompts, args.concurrencies, args.temperature)
     prompts = render_prompts(cfg)
     runs = []
     with sides(args.baseline) as both:
@@ -103,13 +107,16 @@ def main(argv=None) -> None:
     info = machine()
     with open(os.path.join(args.out, "attention_ab.json"), "w", encoding="utf-8") as fh:
         json.dump({"machine": info, "dtype": "float32", "max_new_tokens": cfg.max_new_tokens, "sides": labels,
+                   "temperature": args.temperature,
                    "prompts": args.prompts, "runs": runs}, fh, indent=1)
     first, second = labels
     title = ("0.5.23's torch_native attention loops vs the batched attention" if args.baseline is None
              else f"the CPU port at {first} vs the working tree")
     command = "python -m benchmarks.attention_ab" + (f" --baseline {args.baseline}" if args.baseline else "")
+    command += f" --configs {' '.join(args.configs)}" + (f" --temperature {args.temperature}" if args.temperature else "")
     lines = [f"# Served: {title}", "",
-             f"Test bed, float32, {args.prompts} held-out requests, {cfg.max_new_tokens} new tokens, greedy; "
+             f"Test bed, float32, {args.prompts} held-out requests, {cfg.max_new_tokens} new tokens, "
+             f"{'greedy' if args.temperature == 0 else f'temperature {args.temperature}'}; "
              f"servers alternated, {args.rounds} rounds, median output tok/s. CPU: {info.get('cpu', 'unknown')}, "
              f"{info.get('cpu_count')} cores. Command: `{command}`.", "",
              f"| server | concurrency | {first} tok/s | {second} tok/s | {second} / {first} | per round |",

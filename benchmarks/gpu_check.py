@@ -15,7 +15,7 @@ and agrees with its reference, and prints timings:
   4. the speculative-sampling accept rule at full vocabulary;
   5. the plugin's per-step draft tails in CUDA graphs, batch 1 / 8 / 32, n=15, pool K=2048:
      the Domino rollout the q rule's draft graph holds (`sampled_rollout.q_rollout`), with
-     every row greedy and with Qwen3's T 0.6 / top-k 20 / top-p 0.95 (`draft_q_probs`),
+     every row greedy and with Qwen3's T 0.6 / top-k 20 / top-p 0.95 (`DraftQ`),
      over a block's hidden states, and the chain-accept kernel on the pool
      layout. Each is captured (`torch.cuda.graph`, after a warm-up on a side stream: a
      host sync inside raises), its static inputs refilled with a fresh case, replayed and

@@ -171,12 +171,12 @@ def top_leaves(samples, k: int = 12, within: tuple[str, ...] = ("",)) -> list[tu
 
 
 # -- measuring: server, load, py-spy, /proc ----------------------------------------------
-def bench_config(prompts: int, concurrencies):
+def bench_config(prompts: int, concurrencies, temperature: float = 0.0):
     """The benchmark's own settings for the test bed (float32), so the launch command is its."""
     from .sglang_bench import SGLangBenchConfig
 
     env = {"SERVER_ARGS": "--dtype float32", "MAX_NEW_TOKENS": str(MAX_NEW_TOKENS), "TASKS": f"heldout:{prompts}",
-           "CONCURRENCIES": ",".join(map(str, concurrencies)), "TEMPERATURE": "0", "OUT_DIR": OUT_DIR}
+           "CONCURRENCIES": ",".join(map(str, concurrencies)), "TEMPERATURE": str(temperature), "OUT_DIR": OUT_DIR}
     return SGLangBenchConfig.from_env(env)
 
 
@@ -191,9 +191,13 @@ def render_prompts(cfg) -> list[str]:
 
 
 def draft_for(cfg, config: str) -> Optional[str]:
+    """The draft a config serves: none for plain; `<draft>+q` is the draft with the q rule."""
+    from .sglang_bench import Q_SUFFIX
+
     if config == "plain":
         return None
-    return next(d for d in cfg.draft_models if os.path.basename(d.rstrip("/")) == config)
+    name = config[: -len(Q_SUFFIX)] if config.endswith(Q_SUFFIX) else config
+    return next(d for d in cfg.draft_models if os.path.basename(d.rstrip("/")) == name)
 
 
 def cpu_seconds(pid: int) -> Optional[float]:

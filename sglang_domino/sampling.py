@@ -50,37 +50,58 @@ def sample(probs: torch.Tensor, generator: Optional[torch.Generator] = None) -> 
     return torch.multinomial(flat, 1, generator=generator).view(probs.shape[:-1])
 
 
-# How many of a row's largest logits `draft_q_probs` decides top-k and top-p among.
+# How many of a row's largest logits `DraftQ` decides top-k and top-p among.
 Q_TOP_CAP = 256
 
 
-def draft_q_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                  greedy: torch.Tensor, cap: int = Q_TOP_CAP) -> torch.Tensor:
+class DraftQ:
     """A draft's q [b, C] from logits [b, C] under each row's own temperature [b], top-k [b]
-    (<= 0: none), top-p [b] and greedy flag [b] (a point mass on the argmax), in fixed
-    shapes and without a host sync, so a CUDA graph can hold it.
+    (<= 0: none), top-p [b] and greedy flag [b] (q on the row's largest logits only), in
+    fixed shapes and without a host read, so a CUDA graph can hold it. The row constants
+    are computed once (a rollout calls it once per proposal).
 
     Top-k and top-p are decided among the row's `cap` largest logits: a top-k above the cap
     does not truncate, and a nucleus that the cap's tokens do not fill keeps every token.
     Within the cap it is `to_probs` (tokens tied at the cut are kept). The speculative rule
-    is exact for any q its proposals are drawn from, so the cap shapes acceptance only."""
-    width = int(logits.shape[-1])
-    k = min(int(cap), width)
-    scaled = logits.float() / temperature.float().clamp_min(GREEDY_TEMPERATURE)[:, None]
-    top = torch.topk(scaled, k, dim=-1).values                            # [b, k], descending
-    top_k = top_k.to(torch.int64)
-    cut_k = (top_k > 0) & (top_k <= k)
-    kept_k = torch.where(cut_k, top_k, k)
-    thr_k = torch.where(cut_k, top.gather(1, (kept_k - 1)[:, None])[:, 0], float("-inf"))
-    within_k = torch.arange(k, device=logits.device)[None] < kept_k[:, None]
-    log_mass = torch.logsumexp(scaled.masked_fill(scaled < thr_k[:, None], float("-inf")), -1, keepdim=True)
-    mass = (top - log_mass).exp() * within_k                               # p of the top ones after top-k
-    keep = ((mass.cumsum(-1) - mass) < top_p.float()[:, None]) & within_k
-    kept_p = keep.sum(-1).clamp_min(1)
-    thr_p = top.gather(1, (kept_p - 1)[:, None])[:, 0]
-    open_tail = (kept_p == k) & ~cut_k & (mass.sum(-1) < top_p.float())   # the nucleus reaches past the cap
-    thr_p = torch.where(open_tail | (top_p >= 1.0), float("-inf"), thr_p)
-    thr = torch.maximum(thr_k, thr_p)
-    probs = scaled.masked_fill(scaled < thr[:, None], float("-inf")).softmax(-1)
-    point = torch.zeros_like(probs).scatter_(1, logits.argmax(-1, keepdim=True), 1.0)
-    return torch.where(greedy[:, None], point, probs)
+    is exact for any q its proposals are drawn from, so the cap shapes acceptance only.
+    Where the host knows that no row uses top-k (greedy rows are top-k 1) or top-p,
+    `top_k_used` / `top_p_used` False skip those parts (same q)."""
+
+    def __init__(self, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, greedy: torch.Tensor,
+                 width: int, cap: int = Q_TOP_CAP, top_k_used: bool = True, top_p_used: bool = True):
+        self.k = max(1, min(int(cap), int(width)))
+        self.top_k_used, self.top_p_used = bool(top_k_used), bool(top_p_used)
+        self.inv_t = temperature.float().clamp_min(GREEDY_TEMPERATURE).reciprocal()[:, None]
+        cols = torch.arange(self.k, device=temperature.device)[None]
+        top_k = top_k.to(torch.int64)
+        self.cut_k = ((top_k > 0) & (top_k <= self.k))[:, None]
+        kept_k = torch.where(self.cut_k[:, 0], top_k, self.k)
+        self.within_k = cols < kept_k[:, None]
+        self.outside_k = ~self.within_k
+        # the threshold top-k (or greediness: the largest logit) sets: the kept count's last top logit
+        self.cut = self.cut_k | greedy[:, None]
+        self.kth = torch.where(greedy, 0, kept_k - 1)[:, None]
+        self.top_p = top_p.float()[:, None]
+        # rows whose nucleus never cuts: no top-p, or a top-k that does not cut (the cap's tokens may not fill it)
+        self.p_open = self.top_p >= 1.0
+        self.k_open = ~self.cut_k
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        scaled = logits.float() * self.inv_t
+        if not (self.top_k_used or self.top_p_used):
+            return scaled.softmax(-1)
+        top = torch.topk(scaled, self.k, dim=-1).values                   # [b, k], descending
+        thr = top.gather(1, self.kth).masked_fill_(~self.cut, float("-inf"))
+        if self.top_p_used:
+            # the log normaliser after top-k: over the kept top logits where top-k cuts, else all
+            log_mass = torch.where(self.cut_k, torch.logsumexp(top.masked_fill(self.outside_k, float("-inf")), -1,
+                                                               keepdim=True),
+                                   torch.logsumexp(scaled, -1, keepdim=True))
+            mass = (top - log_mass).exp_().mul_(self.within_k)              # p of the top ones after top-k
+            kept_p = (mass.cumsum(-1).sub_(mass) < self.top_p).logical_and_(self.within_k).sum(-1, keepdim=True)
+            thr_p = top.gather(1, kept_p.clamp_min_(1).sub_(1))
+            # a nucleus reaching past the cap keeps every token
+            open_tail = (kept_p == self.k - 1) & self.k_open & (mass.sum(-1, keepdim=True) < self.top_p)
+            thr = torch.maximum(thr, thr_p.masked_fill_(open_tail | self.p_open, float("-inf")))
+        probs = (scaled - top[:, :1]).exp_().mul_(scaled >= thr)
+        return probs.div_(probs.sum(-1, keepdim=True))

@@ -185,31 +185,46 @@ def _rows(*params: SamplingParams, greedy=None):
 
 
 def test_the_drafts_q_is_to_probs_within_its_cap():
-    """`draft_q_probs` (the q rule's per-row transform, capturable in a CUDA graph) gives
+    """`DraftQ` (the q rule's per-row transform, capturable in a CUDA graph) gives
     each row what `to_probs` gives it under that row's own parameters, while its top-k and
     nucleus lie within the cap."""
-    from sglang_domino.sampling import draft_q_probs
+    from sglang_domino.sampling import DraftQ
 
     params = [SamplingParams(temperature=0.6, top_k=20, top_p=0.95), SamplingParams(temperature=1.0),
               SamplingParams(temperature=0.8, top_p=0.5), SamplingParams(temperature=1.3, top_k=7),
               SamplingParams(temperature=0.7, top_k=40, top_p=0.9), SamplingParams(temperature=2.0, top_k=1)]
     logits = torch.randn(len(params), 500, generator=torch.Generator().manual_seed(0)) * 3
-    got = draft_q_probs(logits, *_rows(*params), cap=64)
+    got = DraftQ(*_rows(*params), 500, cap=64)(logits)
     for row, p in enumerate(params):
         assert torch.allclose(got[row], to_probs(logits[row:row + 1], p)[0], atol=1e-6), p
 
 
 def test_the_drafts_q_past_its_cap_and_greedy_rows():
-    """A top-k above the cap does not truncate; a nucleus the cap's tokens do not fill keeps
+    """`DraftQ`: a top-k above the cap does not truncate; a nucleus the cap's tokens do not fill keeps
     every token (both exact for the q rule, which is exact for any q); a greedy row is a
     point mass on its argmax."""
-    from sglang_domino.sampling import draft_q_probs
+    from sglang_domino.sampling import DraftQ
 
     logits = torch.randn(4, 300, generator=torch.Generator().manual_seed(1)) * 0.1   # flat: wide nuclei
     rows = [SamplingParams(temperature=1.0, top_k=100), SamplingParams(temperature=1.0, top_p=0.9),
             SamplingParams(temperature=1.0, top_k=5, top_p=0.9), SamplingParams(temperature=1.0, top_p=0.9)]
-    got = draft_q_probs(logits, *_rows(*rows, greedy=[False, False, False, True]), cap=16)
+    got = DraftQ(*_rows(*rows, greedy=[False, False, False, True]), 300, cap=16)(logits)
     plain = logits.softmax(-1)
     assert torch.allclose(got[0], plain[0], atol=1e-6) and torch.allclose(got[1], plain[1], atol=1e-6)
     assert torch.allclose(got[2], to_probs(logits[2:3], rows[2])[0], atol=1e-6)   # top-k 5 within the cap
     assert torch.equal(got[3], torch.nn.functional.one_hot(logits[3].argmax(), 300).float())
+
+
+def test_the_drafts_q_skips_what_the_host_knows_is_unused():
+    """A batch with no top-k (and so no greedy row) and no top-p: the short path is the
+    full transform's q; a host-known top-k bound as the cap gives the same q as 256."""
+    from sglang_domino.sampling import DraftQ
+
+    logits = torch.randn(3, 400, generator=torch.Generator().manual_seed(2)) * 2
+    plain = [SamplingParams(temperature=t) for t in (0.6, 1.0, 1.7)]
+    rows = _rows(*plain)
+    rows = (rows[0], torch.full((3,), 1 << 30), rows[2], rows[3])
+    assert torch.allclose(DraftQ(*rows, 400, top_k_used=False, top_p_used=False)(logits), DraftQ(*rows, 400)(logits),
+                          atol=1e-6)
+    qwen = _rows(*[SamplingParams(temperature=0.6, top_k=20, top_p=0.95)] * 3)
+    assert torch.allclose(DraftQ(*qwen, 400, cap=20)(logits), DraftQ(*qwen, 400)(logits), atol=1e-6)

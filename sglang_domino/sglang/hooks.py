@@ -437,7 +437,7 @@ DEPENDS: tuple[Dependency, ...] = (
     Dependency(f"{_S}.speculative.draft_worker_common.make_draft_block_spec_info", "the draft block's spec info",
                params=("draft_token_num", "device")),
     Dependency(f"{_S}.speculative.dflash_utils.build_speculative_verify_target_probs",
-               "p under the request's temperature, top-k and top-p (q: `sampling.draft_q_probs`)",
+               "p under the request's temperature, top-k and top-p (q: `sampling.DraftQ`)",
                params=("next_token_logits", "sampling_info", "draft_token_num", "bs")),
     Dependency(f"{_S}.layers.sampler.murmur_hash32", "seeded coins of the q rule"),
     Dependency(f"{_S}.runtime_context.get_spec", "speculative settings in the scheduler"),

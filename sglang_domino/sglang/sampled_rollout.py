@@ -3,7 +3,7 @@
 0.5.23 proposes Domino drafts by argmax at every temperature
 (`domino_utils.domino_greedy_rollout`) and verifies sampled requests as point masses.
 With the flag, each proposal k is drawn from q_k = the draft's base + correction logits
-under the request's own temperature, top-k and top-p (`sampling.draft_q_probs`), the GRU
+under the request's own temperature, top-k and top-p (`sampling.DraftQ`), the GRU
 consuming the drawn token, through this project's one rollout
 (`sglang_domino.rollout.propose_domino`). `q_rollout` is that step in fixed shapes and
 without a host sync: the draft graph holds it (`q_sampler.QRuleDraftSampler`), and a step
@@ -35,9 +35,25 @@ import torch.nn.functional as F
 from ..accept import Uniforms, accept_probs, sample_inverse_cdf
 from ..config import predicting_slots
 from ..rollout import propose_domino
-from ..sampling import draft_q_probs
+from ..sampling import Q_TOP_CAP, DraftQ
 
 _local = threading.local()
+
+
+class QHints(NamedTuple):
+    """What the host knows of a batch's sampling, which lets `DraftQ` skip work (same q):
+    the draft graph knows nothing (the defaults); an eager step knows 0.5.23's flags and
+    the batch's largest top-k (`DFlashDraftInputV2.max_top_k`)."""
+    cap: int = Q_TOP_CAP
+    top_k_used: bool = True
+    top_p_used: bool = True
+
+    @classmethod
+    def of(cls, sampling_info, max_top_k: Optional[int] = None) -> "QHints":
+        top_k_used = bool(getattr(sampling_info, "need_top_k_sampling", True))
+        top_p_used = bool(getattr(sampling_info, "need_top_p_sampling", True))
+        cap = min(Q_TOP_CAP, int(max_top_k)) if top_k_used and max_top_k else Q_TOP_CAP
+        return cls(cap, top_k_used, top_p_used)
 
 
 class DraftParams(NamedTuple):
@@ -149,17 +165,28 @@ class QDraft:
 
 
 class QPick:
-    """`propose_domino`'s Pick under `DraftParams`: proposal k drawn from `draft_q_probs`
-    with coin k (greedy rows: the argmax), mapped through the pool for k >= 1."""
+    """`propose_domino`'s Pick under `DraftParams`: proposal k drawn from q (`DraftQ`, one
+    per logits width: the vocabulary, the pool) with coin k, mapped through the pool for
+    k >= 1. A greedy row's q is on its largest logits; its coin is 0, which draws the first
+    of them: the argmax, as `torch.argmax` and 0.5.23's greedy rollout pick it."""
 
-    def __init__(self, params: DraftParams, coins: torch.Tensor, pool_ids: Optional[torch.Tensor]):
-        self.params, self.coins, self.pool_ids = params, coins, pool_ids
+    def __init__(self, params: DraftParams, coins: torch.Tensor, pool_ids: Optional[torch.Tensor],
+                 hints: QHints = QHints()):
+        self.params, self.pool_ids, self.hints = params, pool_ids, hints
+        self.coins = coins.masked_fill(params.greedy[:, None], 0.0)
+        self.transforms: dict = {}
         self.q_draft: list = []
         self.q: list = []
 
+    def transform(self, width: int) -> DraftQ:
+        if width not in self.transforms:
+            p, h = self.params, self.hints
+            self.transforms[width] = DraftQ(p.temperature, p.top_k, p.top_p, p.greedy, width, h.cap, h.top_k_used,
+                                            h.top_p_used)
+        return self.transforms[width]
+
     def __call__(self, logits: torch.Tensor, k: int):
-        p = self.params
-        probs = draft_q_probs(logits, p.temperature, p.top_k, p.top_p, p.greedy)
+        probs = self.transform(int(logits.shape[-1]))(logits)
         index = sample_inverse_cdf(probs, self.coins[:, k])
         self.q_draft.append(probs.gather(1, index[:, None])[:, 0])
         self.q.append(probs)
@@ -203,7 +230,8 @@ def candidate_pool(base: torch.Tensor, vocab: int, pool_size: int) -> Optional[t
 
 
 def q_rollout(params: DraftParams, coins: torch.Tensor, *, draft_hidden, bonus_tokens, target_embedding,
-              prefix_gru, embed_proj, vocab_size, candidate_pool_size, **base_args) -> QDraft:
+              prefix_gru, embed_proj, vocab_size, candidate_pool_size, hints: QHints = QHints(),
+              **base_args) -> QDraft:
     """The q rule's rollout over a block's draft hidden states [bs, B, H] (upstream's
     `domino_greedy_rollout` arguments): proposals drawn with `coins` [bs, n] under
     `params`, and their q. Fixed shapes, no host sync (a CUDA graph holds it)."""
@@ -212,7 +240,7 @@ def q_rollout(params: DraftParams, coins: torch.Tensor, *, draft_hidden, bonus_t
     rest = base[:, 1:]
     if pool is not None:
         rest = rest.gather(2, pool[:, None, :].expand(-1, rest.shape[1], -1))
-    pick = QPick(params, coins, pool)
+    pick = QPick(params, coins, pool, hints)
     head = UpstreamDominoHead(prefix_gru, embed_proj, pool)
     tokens = propose_domino(z, (base[:, 0], rest), bonus_tokens, target_embedding, head, pick).tokens
     return pick.draft(tokens)
@@ -226,6 +254,7 @@ class SampledStep:
     sampling_info: object
     positions: torch.Tensor                 # [bs] committed lengths: the coins' position key
     sync_tokens: object = None              # every TP rank proposes rank 0's tokens
+    max_top_k: Optional[int] = None         # the batch's largest top-k, known on the host
     draft: Optional[QDraft] = None
 
     def params(self) -> DraftParams:
@@ -281,7 +310,7 @@ def domino_sampled_rollout(step: SampledStep, **rollout_args) -> torch.Tensor:
     params = step.params()
     n = int(rollout_args["draft_hidden"].shape[1]) - 1
     args = {k: v for k, v in rollout_args.items() if k != "in_cuda_graph"}
-    draft = q_rollout(params, step.coins(0, n, params), **args)
+    draft = q_rollout(params, step.coins(0, n, params), hints=QHints.of(step.sampling_info, step.max_top_k), **args)
     if step.sync_tokens is not None:
         step.sync_tokens(draft.tokens)
     step.draft = draft

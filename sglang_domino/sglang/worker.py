@@ -208,7 +208,8 @@ class DominoDFlashWorker(DFlashWorkerV2):
         if _is_all_greedy(batch.sampling_info):
             return super().forward_batch_generation(batch, *args, **kwargs)
         step = SampledStep(batch.sampling_info, batch.seq_lens,
-                           sync_tokens=lambda t: self._tp_sync.sync(SpecTpSyncSite.DFLASH_SELECTOR, t))
+                           sync_tokens=lambda t: self._tp_sync.sync(SpecTpSyncSite.DFLASH_SELECTOR, t),
+                           max_top_k=getattr(batch.spec_info, "max_top_k", None))
         if self._q_sampler is not None:
             with sampled_step(step):
                 return super().forward_batch_generation(batch, *args, **kwargs)

@@ -182,7 +182,8 @@ def _worker(q_sampler=None, draft_sampler=None):
 def _batch(info, bs=BS):
     mode = SimpleNamespace(is_extend=lambda: False, is_idle=lambda: False)
     return SimpleNamespace(forward_mode=mode, is_extend_in_batch=False, sampling_info=info,
-                           seq_lens=torch.arange(20, 20 + bs), reqs=[None] * bs)
+                           seq_lens=torch.arange(20, 20 + bs), reqs=[None] * bs,
+                           spec_info=SimpleNamespace(max_top_k=TOP_K_ALL))
 
 
 def test_the_worker_builds_the_q_rule_in_the_greedy_samplers_place(monkeypatch, block):

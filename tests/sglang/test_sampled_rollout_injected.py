@@ -107,11 +107,11 @@ def test_the_greedy_and_sampled_tails_are_sync_free_on_fake_cuda(fake_cuda, no_s
 
     # the control: q's transform with a host read put back (a top-k bound read from the
     # device, as 0.5.23's own transform does without a host-known bound)
-    transform = sampled_rollout.draft_q_probs
+    class Syncing(sampled_rollout.DraftQ):
+        def __call__(self, logits):
+            self.k = min(self.k, int(self.kth.max().item()) + 1)
+            return super().__call__(logits)
 
-    def syncing(logits, temperature, top_k, *rest):
-        return transform(logits, temperature, torch.full_like(top_k, int(top_k.max().item())), *rest)
-
-    monkeypatch.setattr(sampled_rollout, "draft_q_probs", syncing)
+    monkeypatch.setattr(sampled_rollout, "DraftQ", Syncing)
     with pytest.raises(DataDependentOutputException):
         gpu_check.q_tail(mods, case["hidden"], case["bonus"], case["coins"], params)
