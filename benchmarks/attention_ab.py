@@ -88,11 +88,13 @@ def main(argv=None) -> None:
     ap.add_argument("--configs", nargs="+", default=["plain", "domino"],
                     help="plain, a test-bed draft (domino, dflash), or <draft>+q for the q rule")
     ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--top-k", type=int, default=-1)
+    ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--baseline", metavar="REV", help="the plugin at this git revision against the working tree")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "cpu-attention"))
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    cfg = bench_config(args.prompts, args.concurrencies, args.temperature)
+    cfg = bench_config(args.prompts, args.concurrencies, args.temperature, args.top_k, args.top_p)
     prompts = render_prompts(cfg)
     runs = []
     with sides(args.baseline) as both:
@@ -107,16 +109,19 @@ def main(argv=None) -> None:
     info = machine()
     with open(os.path.join(args.out, "attention_ab.json"), "w", encoding="utf-8") as fh:
         json.dump({"machine": info, "dtype": "float32", "max_new_tokens": cfg.max_new_tokens, "sides": labels,
-                   "temperature": args.temperature,
+                   "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
                    "prompts": args.prompts, "runs": runs}, fh, indent=1)
     first, second = labels
     title = ("0.5.23's torch_native attention loops vs the batched attention" if args.baseline is None
              else f"the CPU port at {first} vs the working tree")
     command = "python -m benchmarks.attention_ab" + (f" --baseline {args.baseline}" if args.baseline else "")
-    command += f" --configs {' '.join(args.configs)}" + (f" --temperature {args.temperature}" if args.temperature else "")
+    command += f" --configs {' '.join(args.configs)}"
+    if args.temperature:
+        command += f" --temperature {args.temperature} --top-k {args.top_k} --top-p {args.top_p}"
+    sampling = ("greedy" if args.temperature == 0
+                else f"temperature {args.temperature}, top-k {args.top_k}, top-p {args.top_p}")
     lines = [f"# Served: {title}", "",
-             f"Test bed, float32, {args.prompts} held-out requests, {cfg.max_new_tokens} new tokens, "
-             f"{'greedy' if args.temperature == 0 else f'temperature {args.temperature}'}; "
+             f"Test bed, float32, {args.prompts} held-out requests, {cfg.max_new_tokens} new tokens, {sampling}; "
              f"servers alternated, {args.rounds} rounds, median output tok/s. CPU: {info.get('cpu', 'unknown')}, "
              f"{info.get('cpu_count')} cores. Command: `{command}`.", "",
              f"| server | concurrency | {first} tok/s | {second} tok/s | {second} / {first} | per round |",

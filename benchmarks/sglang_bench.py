@@ -2,7 +2,8 @@
 
 Environment (defaults in brackets): DRAFT_MODEL and TARGET_MODEL [the CPU test bed; a
 comma-separated DRAFT_MODEL benchmarks several drafts], TASKS [gsm8k:128, or
-heldout:16 on the test bed], MAX_NEW_TOKENS [2048], TEMPERATURE [0.0],
+heldout:16 on the test bed], MAX_NEW_TOKENS [2048], TEMPERATURE [0.0], TOP_K [-1: none] and
+TOP_P [1.0] (sampled requests only; Qwen3's model cards use 20 and 0.95),
 CONCURRENCIES [1,2,4,8,16,32], BLOCK_SIZE [16], VERIFY_TOKENS [= BLOCK_SIZE; 8 for "b8"],
 WIDTHS [VERIFY_TOKENS; comma-separated verify widths and/or `adaptive`, one method per draft
 and width: `<draft>` at BLOCK_SIZE, `<draft>-w<W>` at W, `<draft>-adaptive` with
@@ -59,6 +60,8 @@ class SGLangBenchConfig(BenchSettings):
     server_timeout: float
     on_cpu: bool
     rules: list[str]
+    top_k: int = -1
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
 
     @classmethod
     def from_env(cls, env=os.environ) -> "SGLangBenchConfig":
@@ -78,7 +81,8 @@ class SGLangBenchConfig(BenchSettings):
             return cls(**common, concurrencies=concs, verify_tokens=verify, widths=widths,
                        tp_size=int(env.get("TP_SIZE", 1)), rounds=int(env.get("ROUNDS", 1)),
                        server_args=shlex.split(env.get("SERVER_ARGS", "")), python=env.get("PYTHON") or sys.executable,
-                       server_timeout=float(env.get("SERVER_TIMEOUT", 600)), on_cpu=not _has_cuda(), rules=rules)
+                       server_timeout=float(env.get("SERVER_TIMEOUT", 600)), on_cpu=not _has_cuda(), rules=rules,
+                       top_k=int(env.get("TOP_K", -1)), top_p=float(env.get("TOP_P", 1.0)))
         except ValueError as err:
             raise SystemExit(str(err)) from None
 
@@ -133,6 +137,8 @@ def generate(url: str, text: str, cfg: SGLangBenchConfig) -> dict:
     params = {"max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature}
     if cfg.temperature == 0:
         params["top_k"] = 1
+    else:
+        params.update({"top_k": cfg.top_k, "top_p": cfg.top_p})
     resp = requests.post(url + "/generate", json={"text": text, "sampling_params": params}, timeout=3600)
     if resp.status_code != 200:
         raise RuntimeError(f"/generate answered {resp.status_code}: {resp.text[:300]}")
