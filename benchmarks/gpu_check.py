@@ -16,7 +16,9 @@ and agrees with its reference, and prints timings:
   5. the plugin's per-step draft tails in CUDA graphs, batch 1 / 8 / 32, n=15, pool K=2048:
      the Domino rollout the q rule's draft graph holds (`sampled_rollout.q_rollout`), with
      every row greedy and with Qwen3's T 0.6 / top-k 20 / top-p 0.95 (`DraftQ`),
-     over a block's hidden states, and the chain-accept kernel on the pool
+     over a block's hidden states; the server's sampler around it (`QRuleDraftSampler`:
+     staged rows, coins drawn in the graph, static outputs; compared with `q_rollout` on
+     the coins its replay drew); and the chain-accept kernel on the pool
      layout. Each is captured (`torch.cuda.graph`, after a warm-up on a side stream: a
      host sync inside raises), its static inputs refilled with a fresh case, replayed and
      compared with an eager call on the same inputs (tokens exactly, q allclose); one eager
@@ -29,7 +31,7 @@ and agrees with its reference, and prints timings:
 Needs torch, triton and pydantic (carry pydantic's wheels where it is missing); never
 imports sglang. Estimate on one H200 (not yet measured): sections 1-4 about 2 minutes
 (Triton compiles, 9 sweep variants, CUDA init and ~2.5 GB of random weights), section 5
-under a minute (9 captures, 2 x 20 timed calls each: the eager sampled rollout is ~600
+under a minute (12 captures, 2 x 20 timed calls each: the eager sampled rollout is ~600
 launches, ~5-10 ms); with Python start-up well under 4 minutes in all, inside the lent
 8. On CPU (--small; section 1 at V=512, K=64, batch 1 / 8) the kernel runs under
 TRITON_INTERPRET=1 (set here when triton is not imported yet; its times mean nothing).
@@ -54,6 +56,7 @@ from sglang_domino.model import DraftModel
 from sglang_domino.rollout import propose_dflash, propose_domino
 from sglang_domino.sampling import SamplingParams
 # imports nothing from sglang (its seeded-coin hash is lazy, and the check seeds no row)
+from sglang_domino.sglang.q_sampler import QRuleDraftSampler
 from sglang_domino.sglang.sampled_rollout import DraftParams, q_rollout
 
 # Qwen3-8B Domino b16 (algorithm reference, section 1.1 / 2.2).
@@ -334,6 +337,8 @@ class Tail:
     inputs: dict
     draw: Callable[[], dict]
     outputs: tuple[str, ...]           # the names of what `run` returns
+    # what the replay is compared with (default: an eager `run()` on the same inputs)
+    reference: Optional[Callable[[], tuple]] = None
 
 
 def rollout_case(mods: DraftModules, bs: int, gen: torch.Generator) -> dict:
@@ -358,6 +363,34 @@ def sampled_tail(mods: DraftModules, bs: int, gen: torch.Generator,
     staged = staged_params(bs, mods.lm_head.weight.device, params)
     return Tail("domino sampled", lambda: q_tail(mods, inputs["hidden"], inputs["bonus"], inputs["coins"], staged),
                 inputs, lambda: rollout_case(mods, bs, gen), ("tokens", "q_draft", "q_first", "q_rest"))
+
+
+def sampler_tail(mods: DraftModules, bs: int, gen: torch.Generator,
+                 params: SamplingParams = QWEN3_SAMPLING) -> Tail:
+    """The server's own tail, `q_sampler.QRuleDraftSampler`: its parameters staged into its
+    static rows, its coins drawn in the graph (`uniform_` on its static buffer), its outputs
+    in static buffers. A replay is compared with `q_rollout` on the coins the replay drew."""
+    device = mods.lm_head.weight.device
+    inputs = rollout_case(mods, bs, gen)
+    block = mods.draft.config.block_size
+    sampler = QRuleDraftSampler(block_size=block, max_bs=bs, hashed_coins=False, **rollout_args(mods))
+    for row, value in zip(sampler.params.rows(bs), staged_params(bs, device, params)):
+        row.copy_(value)
+    ids = torch.zeros(bs, block, dtype=torch.int64, device=device)
+
+    def run() -> tuple:
+        ids[:, 0].copy_(inputs["bonus"])
+        sampler(inputs["hidden"].reshape(bs * block, -1), ids.reshape(-1))
+        d = sampler.read(bs, block)
+        return d.tokens, d.q_draft, d.q_first, d.q_rest
+
+    def reference() -> tuple:
+        d = q_rollout(sampler.params.rows(bs), sampler.uniforms[:bs].clone(), draft_hidden=inputs["hidden"],
+                      bonus_tokens=inputs["bonus"], **rollout_args(mods))
+        return d.tokens, d.q_draft, d.q_first, d.q_rest
+
+    return Tail("q-rule sampler", run, inputs, lambda: rollout_case(mods, bs, gen),
+                ("tokens", "q_draft", "q_first", "q_rest"), reference)
 
 
 def chain_tail(bs: int, n: int, V: int, K: int, block: int, device: torch.device, gen: torch.Generator) -> Tail:
@@ -488,7 +521,7 @@ def check_tail(tail: Tail, bs: int, device: torch.device, repeats: int) -> bool:
     refill(tail)
     replay()
     replayed = tuple(t.clone() for t in outputs())
-    ok, detail = compare(replayed, tail.run(), tail.outputs)
+    ok, detail = compare(replayed, (tail.reference or tail.run)(), tail.outputs)
     ok &= sync in ("none", NOT_CHECKED)
     ms_graph = median_ms(replay, device, repeats)
     ms_eager = median_ms(tail.run, device, repeats)
@@ -518,7 +551,7 @@ def check_graph_tails(args, mods: DraftModules, device: torch.device) -> int:
           f"coins pre-drawn into a static buffer")
     failures = 0
     for bs in (1, 8, 32):
-        tails = [greedy_tail(mods, bs, gen), sampled_tail(mods, bs, gen)]
+        tails = [greedy_tail(mods, bs, gen), sampled_tail(mods, bs, gen), sampler_tail(mods, bs, gen)]
         # interpreted, each request's program runs in Python: stop at 8 as section 1 does
         if kernel_ok and not (interpreted and bs > 8):
             tails.append(chain_tail(bs, n, V, K, block, device, gen))

@@ -299,7 +299,7 @@ def test_gpu_check_script_smoke_runs_on_cpu():
     assert proc.stdout.strip().endswith("PASS") and "[rollout] domino sampled bs=32" in proc.stdout
     # section 5, the per-step tails: captured on CUDA, on CPU the stand-in (the same code, rerun)
     graph = [line for line in proc.stdout.splitlines() if line.startswith("[graph] ")]
-    for tail in ("domino greedy", "domino sampled", "chain_accept K=64"):
+    for tail in ("domino greedy", "domino sampled", "q-rule sampler", "chain_accept K=64"):
         ran = [line for line in graph if line.startswith(f"[graph] {tail} ")]
         assert ran and all("(CPU: no graph captured)" in line and line.endswith("ok=True") for line in ran), graph
 

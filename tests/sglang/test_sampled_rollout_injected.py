@@ -68,11 +68,13 @@ def test_the_check_rollouts_are_the_plugins(pool):
     assert got[3].shape[-1] == (pool or mods.vocab)
 
 
-@pytest.mark.parametrize("tail", ["greedy", "sampled"])
+@pytest.mark.parametrize("tail", ["greedy", "sampled", "sampler"])
 def test_the_check_tails_run_without_sglang(no_sglang, tail, capsys):
-    """Section 5's CPU stand-in (no graphs): capture, refill, replay, eager, equal."""
+    """Section 5's CPU stand-in (no graphs): capture, refill, replay, eager (for the
+    server's sampler: `q_rollout` on the coins its replay drew), equal."""
     mods = _modules()
-    build = gpu_check.greedy_tail if tail == "greedy" else gpu_check.sampled_tail
+    build = {"greedy": gpu_check.greedy_tail, "sampled": gpu_check.sampled_tail,
+             "sampler": gpu_check.sampler_tail}[tail]
     assert gpu_check.check_tail(build(mods, BS, torch.Generator().manual_seed(2)), BS, CPU, repeats=1)
     assert "(CPU: no graph captured)" in capsys.readouterr().out
 
