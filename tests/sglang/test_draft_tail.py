@@ -16,7 +16,7 @@ from sglang.srt.speculative import dflash_worker_v2 as w2  # noqa: E402
 
 from sglang_domino.sglang import draft_tail  # noqa: E402
 from sglang_domino.sglang.draft_tail import FirstProposals, WindowProposals  # noqa: E402
-from tests.sglang.tp_fakes import V, du, rollout_modules  # noqa: E402
+from tests.sglang.tp_fakes import V, du, rollout_block  # noqa: E402
 
 BLOCK, BS = 16, 3
 
@@ -28,11 +28,7 @@ def read_as_upstream(sampler, bs: int, width: int) -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def block():
-    mods = rollout_modules(seed=5)
-    g = torch.Generator().manual_seed(6)
-    hidden = torch.randn(BS, BLOCK, mods[0].shape[1], generator=g, dtype=torch.float64)
-    ids = torch.randint(0, V, (BS, BLOCK), generator=g)
-    return mods, hidden, ids
+    return rollout_block(BS, BLOCK, seed=5)
 
 
 def domino_sampler(mods, shift_label, pool=0, max_bs=BS):

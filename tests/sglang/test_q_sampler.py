@@ -19,7 +19,7 @@ from sglang.srt.speculative import dflash_worker_v2 as w2  # noqa: E402
 from sglang_domino.sglang.draft_tail import FirstProposals, at_width  # noqa: E402
 from sglang_domino.sglang.q_sampler import QRuleDraftSampler  # noqa: E402
 from sglang_domino.sglang.sampled_rollout import SampledStep, q_rollout, sampled_step  # noqa: E402
-from tests.sglang.tp_fakes import V, du, rollout_modules  # noqa: E402
+from tests.sglang.tp_fakes import V, du, rollout_block, rollout_modules  # noqa: E402
 
 BLOCK, BS, POOL, MAX_BS = 8, 4, 20, 6
 TOP_K_ALL = 1 << 30
@@ -27,11 +27,7 @@ TOP_K_ALL = 1 << 30
 
 @pytest.fixture(scope="module")
 def block():
-    mods = rollout_modules(seed=11)
-    g = torch.Generator().manual_seed(12)
-    hidden = torch.randn(BS, BLOCK, mods[0].shape[1], generator=g, dtype=torch.float64)
-    ids = torch.randint(0, V, (BS, BLOCK), generator=g)
-    return mods, hidden, ids
+    return rollout_block(BS, BLOCK, seed=11)
 
 
 @pytest.fixture

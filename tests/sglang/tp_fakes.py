@@ -69,3 +69,13 @@ def rollout_modules(seed=0):
     with torch.no_grad():
         proj[2].weight.mul_(4.0)  # corrections large enough to change the chain
     return lm_head, embed, gru, proj
+
+
+def rollout_block(bs: int, block: int, seed: int):
+    """Random rollout modules (`rollout_modules(seed)`) with a block of draft hidden states
+    [bs, block, H] (float64) and block input ids [bs, block] (the bonus token in slot 0)."""
+    mods = rollout_modules(seed=seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    hidden = torch.randn(bs, block, mods[0].shape[1], generator=g, dtype=torch.float64)
+    ids = torch.randint(0, V, (bs, block), generator=g)
+    return mods, hidden, ids
