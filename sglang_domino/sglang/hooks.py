@@ -430,6 +430,8 @@ DEPENDS: tuple[Dependency, ...] = (
     Dependency(f"{_W2}.is_dflash_sampling_verify_available", "where upstream has its sampled-verify kernel"),
     Dependency(f"{_W2}.SpecTpSyncSite", "rank 0's sampled proposals and acceptance on every TP rank",
                attributes=("DFLASH_SELECTOR", "DFLASH_ACCEPT_SAMPLE")),
+    Dependency(f"{_S}.speculative.spec_tp_sync.parse_spec_tp_sync",
+               "which of those sites SGLANG_SPEC_TP_SYNC turns on (the q rule at TP > 1 needs both)", params=("spec",)),
     Dependency(f"{_S}.runtime_context._ConfigBag.override", "the draft graph captured at the draft block"),
     Dependency(f"{_S}.mem_cache.kv_index_translator.KVIndexTranslator.plan", "the draft block's own KV plan",
                params=("req_pool_indices", "seq_lens", "seq_lens_cpu", "write_virtual", "read_extent")),

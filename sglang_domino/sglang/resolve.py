@@ -131,6 +131,28 @@ def _check_rejection_sampling(cfg, draft) -> None:
             "--speculative-use-rejection-sampling accepts with min(1, p/q) and ignores accept thresholds: "
             f"--speculative-accept-threshold-single must be 1.0 (got {single}) and "
             f"--speculative-accept-threshold-acc 1.0 (got {acc})")
+    _check_q_rule_tp_sync(int(cfg.tp_size))
+
+
+def _check_q_rule_tp_sync(tp_size: int) -> None:
+    """Under tensor parallelism every rank must verify and commit rank 0's sampled
+    proposals and acceptance: 0.5.23 broadcasts them only at the `SGLANG_SPEC_TP_SYNC`
+    sites that are on (`spec_tp_sync.py:135-138`); with either off, ranks would verify
+    different tokens."""
+    if tp_size <= 1:
+        return
+    from sglang.srt.environ import envs
+    from sglang.srt.speculative.spec_tp_sync import SpecTpSyncSite, parse_spec_tp_sync
+
+    raw = envs.SGLANG_SPEC_TP_SYNC.get()
+    sites = parse_spec_tp_sync(raw)
+    missing = [site.slug for site in (SpecTpSyncSite.DFLASH_SELECTOR, SpecTpSyncSite.DFLASH_ACCEPT_SAMPLE)
+               if site not in sites]
+    if missing:
+        raise ValueError(
+            f"--speculative-use-rejection-sampling at --tp-size {tp_size} broadcasts rank 0's sampled proposals "
+            f"and acceptance to every rank: SGLANG_SPEC_TP_SYNC must include {' and '.join(missing)} "
+            f"(got {raw!r}; the default 'all' does)")
 
 
 def _hf_window_draft_block(cfg, block, num_draft_tokens) -> int:

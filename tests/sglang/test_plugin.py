@@ -196,6 +196,23 @@ def test_resolution_of_the_rejection_sampling_flag(sglang_tmp, models):
     assert not thresholds["ok"] and "--speculative-accept-threshold-single must be 1.0 (got 0.5)" in thresholds["error"]
 
 
+def test_the_q_rule_under_tp_needs_its_broadcasts(monkeypatch):
+    """At TP > 1 the q rule is refused when `SGLANG_SPEC_TP_SYNC` leaves out a site that
+    broadcasts rank 0's sampled proposals or acceptance (ranks would verify different
+    tokens); the default and a single rank pass."""
+    from sglang_domino.sglang.resolve import _check_q_rule_tp_sync
+
+    monkeypatch.delenv("SGLANG_SPEC_TP_SYNC", raising=False)
+    _check_q_rule_tp_sync(2)
+    monkeypatch.setenv("SGLANG_SPEC_TP_SYNC", "all,-dflash-accept-sample")
+    _check_q_rule_tp_sync(1)
+    with pytest.raises(ValueError, match="SGLANG_SPEC_TP_SYNC must include dflash-accept-sample"):
+        _check_q_rule_tp_sync(2)
+    monkeypatch.setenv("SGLANG_SPEC_TP_SYNC", "off")
+    with pytest.raises(ValueError, match="must include dflash-selector and dflash-accept-sample"):
+        _check_q_rule_tp_sync(4)
+
+
 def test_rejection_sampling_help_says_what_it_means_with_dflash(sglang_tmp):
     # `sglang serve --help` prints before it loads plugins (`cli/serve.py:195-207`); the
     # server's own parser, which every launch goes through, carries the text.
