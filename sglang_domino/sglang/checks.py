@@ -30,18 +30,28 @@ def _config_file(path: str, revision: Optional[str] = None) -> Optional[str]:
         return None
 
 
-def read_draft_config(path: str, revision: Optional[str] = None) -> Optional[DraftConfig]:
-    """The draft's `DraftConfig`, or None when its config.json is not available locally
-    or it is another member of SGLang's DFLASH family (DFlash2, Laguna, MuseGlimmer, ...:
-    architectures this project does not own, left to SGLang's own checks)."""
+def draft_architectures(path: str, revision: Optional[str] = None) -> Optional[list[str]]:
+    """The draft's `architectures`, or None when its config.json is not available locally."""
     file = _config_file(path, revision)
     if file is None:
         return None
     with open(file, encoding="utf-8") as fh:
-        architectures = json.load(fh).get("architectures") or []
-    if not any(a in ARCHITECTURES for a in architectures):
+        return list(json.load(fh).get("architectures") or [])
+
+
+def is_own_draft(architectures: list[str]) -> bool:
+    """A DFlash or Domino draft of this project (not another member of SGLang's DFLASH family)."""
+    return any(a in ARCHITECTURES for a in architectures)
+
+
+def read_draft_config(path: str, revision: Optional[str] = None) -> Optional[DraftConfig]:
+    """The draft's `DraftConfig`, or None when its config.json is not available locally
+    or it is another member of SGLang's DFLASH family (DFlash2, Laguna, MuseGlimmer, ...:
+    architectures this project does not own, left to SGLang's own checks)."""
+    architectures = draft_architectures(path, revision)
+    if architectures is None or not is_own_draft(architectures):
         return None
-    return DraftConfig.from_pretrained(file)
+    return DraftConfig.from_pretrained(_config_file(path, revision))
 
 
 def read_target_config(path: str, revision: Optional[str] = None) -> Optional[dict[str, Any]]:

@@ -389,7 +389,7 @@ DEPENDS: tuple[Dependency, ...] = (
     Dependency(f"{_S}.arg_groups.choices.add_draft_attention_backend_choices", "adds torch_native"),
     Dependency(f"{_W2}.DFlashWorkerV2", "subclassed by DominoDFlashWorker; attributes it reads",
                attributes=("_target_worker", "model_runner", "draft_model", "draft_model_runner", "selector",
-                           "_is_domino", "_mask_token_id", "_tp_sync", "_draft_block_spec_info",
+                           "lilicorr", "_is_domino", "_mask_token_id", "_tp_sync", "_draft_block_spec_info",
                            "_selector_sample", "_use_triton_prepare_block", "_use_triton_accept_bonus",
                            "domino_candidate_pool_size")),
     Dependency(f"{_W2}.DFlashWorkerV2.__init__", "the worker's constructor",
@@ -398,8 +398,8 @@ DEPENDS: tuple[Dependency, ...] = (
     Dependency(f"{_W2}.DFlashWorkerV2._accept_block", "overridden: exact sampled verify without the CUDA kernel"),
     Dependency(f"{_W2}.DFlashWorkerV2.init_cuda_graphs", "overridden: the draft graph at the draft block"),
     Dependency(f"{_W2}.DFlashWorkerV2._maybe_build_draft_sampler",
-               "overridden: b8's sampler built at the draft block; the Transformers window's widened to it; with the q rule "
-               "the q rule's rollout in the greedy Domino sampler's place"),
+               "overridden: b8's sampler built at the draft block; the Transformers window's widened to it; "
+               "with the q rule the q rule's rollout in the greedy Domino sampler's place"),
     Dependency(f"{_W2}.DFlashWorkerV2._validate_phase1_sampling_support", "overridden: no greedy-fallback warning"),
     Dependency(f"{_S}.speculative.base_spec_worker.BaseSpecWorker.on_verify_complete_cpu",
                "overridden: acceptance counts on the host feed the adaptive policy",

@@ -12,8 +12,10 @@ publishes what the schedulers need as one `settings.SchedulerSettings`:
 
 from __future__ import annotations
 
+from ..config import ARCHITECTURES
 from . import HF_WINDOW_ENV, env_flag, plugin_disabled
 from . import settings as scheduler_settings
+from .checks import draft_architectures, is_own_draft
 
 SOURCE = "sglang_domino"
 
@@ -97,6 +99,7 @@ def _resolve_adaptive(server_args, cfg, hf_window: bool):
         raise ValueError(
             f"--speculative-adaptive with DFLASH needs the full draft cache: drop "
             f"--speculative-draft-window-size {cfg.speculative_draft_window_size}")
+    _check_adaptive_draft(draft_architectures(cfg.speculative_draft_model_path, cfg.speculative_draft_model_revision))
     dp_attention = cfg.enable_dp_attention or int(getattr(cfg, "attn_dp_size", 1) or 1) > 1
     if dp_attention or int(cfg.pp_size or 1) > 1:
         # the chosen width is broadcast over the TP group's gloo group by rank 0: an idle
@@ -110,6 +113,17 @@ def _resolve_adaptive(server_args, cfg, hf_window: bool):
     settings = AdaptiveWidthConfig.load(cfg.speculative_adaptive_config)
     declare_resolution(server_args, SOURCE, speculative_adaptive=False)
     return settings
+
+
+def _check_adaptive_draft(architectures) -> None:
+    """The adaptive width cuts a DFlash or Domino draft's proposals to the step's width
+    and drafts nothing at width 1; the other members of 0.5.23's DFLASH family (candidate
+    selectors, LiLiCorr heads) read the whole block per request, so they are refused (the
+    worker refuses them too where the draft's config cannot be read here)."""
+    if architectures is not None and not is_own_draft(architectures):
+        raise ValueError(
+            f"--speculative-adaptive with DFLASH serves DFlash and Domino drafts ({', '.join(sorted(ARCHITECTURES))}); "
+            f"this draft's architectures are {architectures}: drop --speculative-adaptive")
 
 
 def _check_rejection_sampling(cfg, draft) -> None:

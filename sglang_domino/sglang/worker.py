@@ -82,6 +82,11 @@ class DominoDFlashWorker(DFlashWorkerV2):
 
         settings = scheduler_settings.current()
         adaptive = settings.adaptive
+        if adaptive is not None and (self.selector is not None or self.lilicorr is not None):
+            # resolution refuses these drafts where it can read their config
+            raise ValueError("--speculative-adaptive with DFLASH serves DFlash and Domino drafts; this draft has a "
+                             "candidate selector or LiLiCorr head, which reads the whole block per request: "
+                             "drop --speculative-adaptive")
         self.draft_block = self._resolve_draft_block(settings.draft_block, adaptive is not None)
         self.width_policy = (AdaptiveWidth(adaptive.for_window(int(self.block_size))) if adaptive is not None
                              else FixedWidth(int(self.block_size)))

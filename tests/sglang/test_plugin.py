@@ -133,6 +133,11 @@ def test_resolution_of_the_adaptive_flag(sglang_tmp, models, tmp_path):
     assert not bad["ok"] and "--speculative-adaptive-config" in bad["error"] and "Extra inputs" in bad["error"]
     assert "fields: widths" in bad["error"]
     assert not compact["ok"] and "needs the full draft cache" in compact["error"]
+    # another member of 0.5.23's DFLASH family (a DFlash2 selector draft): refused, not cut per width
+    dflash2 = _bad_draft(models, sglang_tmp, "dflash2", architectures=["DFlash2DraftModel"])
+    (other,) = resolve(sglang_tmp, models, [(dflash2, ["--speculative-dflash-block-size", "16", flag])])
+    assert not other["ok"] and "serves DFlash and Domino drafts" in other["error"], other
+    assert "['DFlash2DraftModel']" in other["error"]
     (hf,) = resolve(sglang_tmp, models, [(models["domino"], ["--speculative-dflash-block-size", "16", flag])],
                     env={"SGLANG_DOMINO_HF_WINDOW": "1"})
     assert not hf["ok"] and "cannot be combined with SGLANG_DOMINO_HF_WINDOW=1" in hf["error"]
