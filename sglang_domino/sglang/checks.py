@@ -30,13 +30,15 @@ def _config_file(path: str, revision: Optional[str] = None) -> Optional[str]:
         return None
 
 
+def _architectures(file: str) -> list[str]:
+    with open(file, encoding="utf-8") as fh:
+        return list(json.load(fh).get("architectures") or [])
+
+
 def draft_architectures(path: str, revision: Optional[str] = None) -> Optional[list[str]]:
     """The draft's `architectures`, or None when its config.json is not available locally."""
     file = _config_file(path, revision)
-    if file is None:
-        return None
-    with open(file, encoding="utf-8") as fh:
-        return list(json.load(fh).get("architectures") or [])
+    return None if file is None else _architectures(file)
 
 
 def is_own_draft(architectures: list[str]) -> bool:
@@ -48,10 +50,10 @@ def read_draft_config(path: str, revision: Optional[str] = None) -> Optional[Dra
     """The draft's `DraftConfig`, or None when its config.json is not available locally
     or it is another member of SGLang's DFLASH family (DFlash2, Laguna, MuseGlimmer, ...:
     architectures this project does not own, left to SGLang's own checks)."""
-    architectures = draft_architectures(path, revision)
-    if architectures is None or not is_own_draft(architectures):
+    file = _config_file(path, revision)
+    if file is None or not is_own_draft(_architectures(file)):
         return None
-    return DraftConfig.from_pretrained(_config_file(path, revision))
+    return DraftConfig.from_pretrained(file)
 
 
 def read_target_config(path: str, revision: Optional[str] = None) -> Optional[dict[str, Any]]:

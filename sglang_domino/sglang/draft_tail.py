@@ -59,6 +59,17 @@ def padded_block(hidden_states: torch.Tensor, slots: int, width: int) -> torch.T
     return hidden
 
 
+# the keyword arguments of upstream's `domino_greedy_rollout` that its `_DominoDraftSampler` holds
+ROLLOUT_FIELDS = ("target_embedding", "lm_head_weight", "prefix_gru", "embed_proj", "vocab_size", "shift_label",
+                  "candidate_pool_size", "tp_group", "lm_head_org_vocab_start", "lm_head_num_org",
+                  "lm_head_num_org_padded")
+
+
+def rollout_modules(sampler) -> dict:
+    """Those arguments, read off 0.5.23's greedy Domino sampler."""
+    return {name: getattr(sampler, name) for name in ROLLOUT_FIELDS}
+
+
 class WindowProposals:
     """The Transformers window (`SGLANG_DOMINO_HF_WINDOW=1`: a window of B + 1 over a
     `shift_label` Domino draft's block of B): the window verifies B proposals, from slots
@@ -79,16 +90,10 @@ class WindowProposals:
     def __call__(self, hidden_states, input_ids=None):
         from sglang.srt.speculative import dflash_worker_v2 as w2
 
-        s = self.sampler
         hidden = padded_block(hidden_states, self.slots, self.block_size)
         bs = int(hidden.shape[0])
-        proposals = w2.domino_greedy_rollout(
-            draft_hidden=hidden, bonus_tokens=input_ids.view(bs, self.slots)[:, 0],
-            target_embedding=s.target_embedding, lm_head_weight=s.lm_head_weight, prefix_gru=s.prefix_gru,
-            embed_proj=s.embed_proj, vocab_size=s.vocab_size, shift_label=True,
-            candidate_pool_size=s.candidate_pool_size, tp_group=s.tp_group,
-            lm_head_org_vocab_start=s.lm_head_org_vocab_start, lm_head_num_org=s.lm_head_num_org,
-            lm_head_num_org_padded=s.lm_head_num_org_padded, in_cuda_graph=True)
+        proposals = w2.domino_greedy_rollout(draft_hidden=hidden, bonus_tokens=input_ids.view(bs, self.slots)[:, 0],
+                                             in_cuda_graph=True, **rollout_modules(self.sampler))
         self.out[: bs * self.slots].copy_(proposals.reshape(-1))
 
 
@@ -130,4 +135,5 @@ def at_width(sampler, width: int):
     return FirstProposals(block, width)
 
 
-__all__ = ["FirstProposals", "WindowProposals", "at_width", "foldable", "padded_block", "widened"]
+__all__ = ["ROLLOUT_FIELDS", "FirstProposals", "WindowProposals", "at_width", "foldable", "padded_block",
+           "rollout_modules", "widened"]

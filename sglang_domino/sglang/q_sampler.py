@@ -23,15 +23,10 @@ from typing import Optional
 
 import torch
 
-from .draft_tail import padded_block
+from .draft_tail import padded_block, rollout_modules
 from .sampled_rollout import DraftParams, QDraft, active_step, draft_coins, q_rollout
 
 logger = logging.getLogger(__name__)
-
-# what the sampler takes over from upstream's greedy `_DominoDraftSampler`
-_ROLLOUT_FIELDS = ("target_embedding", "lm_head_weight", "prefix_gru", "embed_proj", "vocab_size", "shift_label",
-                   "candidate_pool_size", "tp_group", "lm_head_org_vocab_start", "lm_head_num_org",
-                   "lm_head_num_org_padded")
 
 
 class QRuleDraftSampler:
@@ -71,7 +66,7 @@ class QRuleDraftSampler:
     def replacing(cls, greedy, width: Optional[int] = None, **kwargs) -> "QRuleDraftSampler":
         """Built from 0.5.23's greedy `_DominoDraftSampler` (its modules, vocabulary shard
         and batch bound), proposing for `width` (default: its block)."""
-        rollout = {name: getattr(greedy, name) for name in _ROLLOUT_FIELDS}
+        rollout = rollout_modules(greedy)
         slots = int(greedy.block_size)
         max_bs = int(greedy.out.numel()) // (slots - 1)
         return cls(block_size=int(width) if width is not None else slots, slots=slots, max_bs=max_bs, **rollout,

@@ -25,6 +25,7 @@ Columns 0..n-1 are the proposals' coins, n..2n the acceptance's.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
@@ -257,14 +258,14 @@ class SampledStep:
     max_top_k: Optional[int] = None         # the batch's largest top-k, known on the host
     draft: Optional[QDraft] = None
 
+    @functools.cached_property
     def params(self) -> DraftParams:
         return DraftParams.of(self.sampling_info, self.positions)
 
-    def coins(self, first: int, count: int, params: Optional[DraftParams] = None) -> torch.Tensor:
-        params = params if params is not None else self.params()
+    def coins(self, first: int, count: int) -> torch.Tensor:
         uniforms = torch.rand((int(self.positions.shape[0]), count), device=self.positions.device)
         seeded = getattr(self.sampling_info, "sampling_seed", None) is not None
-        return draft_coins(params, uniforms, first, hashed=seeded)
+        return draft_coins(self.params, uniforms, first, hashed=seeded)
 
     def accept(self, drafts: torch.Tensor, target_probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The q rule over this step's proposals: the Triton kernel on CUDA, elsewhere the
@@ -307,10 +308,9 @@ def active_step() -> Optional[SampledStep]:
 def domino_sampled_rollout(step: SampledStep, **rollout_args) -> torch.Tensor:
     """Same arguments and result ([bs, n] proposals) as upstream's `domino_greedy_rollout`,
     run eagerly; records the proposals and q on `step`."""
-    params = step.params()
     n = int(rollout_args["draft_hidden"].shape[1]) - 1
     args = {k: v for k, v in rollout_args.items() if k != "in_cuda_graph"}
-    draft = q_rollout(params, step.coins(0, n, params), hints=QHints.of(step.sampling_info, step.max_top_k), **args)
+    draft = q_rollout(step.params, step.coins(0, n), hints=QHints.of(step.sampling_info, step.max_top_k), **args)
     if step.sync_tokens is not None:
         step.sync_tokens(draft.tokens)
     step.draft = draft
