@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Iterator, Optional, Sequence
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 DEFAULT_WIDTHS = (16, 8, 4, 2, 1)
 
@@ -62,6 +62,12 @@ class AdaptiveWidthConfig(BaseModel):
     probe_every: int = Field(32, ge=0)
     probe_until: float = Field(16.0, ge=0.0)
     log_every_steps: int = Field(200, ge=1)
+    # width-1 steps write the draft's context when the draft next needs it
+    # (`sglang_domino.sglang.draft_context`); False: after every step, as upstream does
+    defer_context: bool = True
+    # for measurements and tests: decode steps at these widths in turn (each one of
+    # `widths`); the policy still learns acceptance and costs but does not choose
+    pin: Optional[list[int]] = None
 
     @field_validator("widths")
     @classmethod
@@ -70,11 +76,20 @@ class AdaptiveWidthConfig(BaseModel):
             raise ValueError(f"expected verify widths >= 1, got {widths}")
         return sorted(set(int(w) for w in widths), reverse=True)
 
+    @model_validator(mode="after")
+    def _pin_among_widths(self) -> "AdaptiveWidthConfig":
+        if self.pin is not None and (not self.pin or not set(self.pin) <= set(self.widths)):
+            raise ValueError(f"pin: got {self.pin}, expected a non-empty list of the widths {self.widths}")
+        return self
+
     def for_window(self, window: int) -> "AdaptiveWidthConfig":
         """The widths a server whose verify window (largest width) is `window` can use."""
         usable = [w for w in self.widths if w <= window]
         if window not in usable:
             usable.insert(0, window)
+        if self.pin is not None and max(self.pin) > window:
+            raise ValueError(f"--speculative-adaptive-config pin: got {self.pin}, expected at most the verify "
+                             f"window {window}")
         return self.model_copy(update={"widths": usable})
 
     @classmethod
@@ -432,6 +447,10 @@ class AdaptiveWidth:
         would the cost of a width not run at this batch size."""
         bs = len(rids)
         self.steps += 1
+        if self.cfg.pin is not None:
+            width = self.cfg.pin[(self.steps - 1) % len(self.cfg.pin)]
+            self.histogram[width] += 1
+            return width
         repeat = self._repeat(bs)
         if repeat is not None:   # no scoring: the width is still being timed
             width = repeat

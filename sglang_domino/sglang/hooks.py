@@ -401,6 +401,13 @@ DEPENDS: tuple[Dependency, ...] = (
                "overridden: b8's sampler built at the draft block; the Transformers window's widened to it; "
                "with the q rule the q rule's rollout in the greedy Domino sampler's place"),
     Dependency(f"{_W2}.DFlashWorkerV2._validate_phase1_sampling_support", "overridden: no greedy-fallback warning"),
+    Dependency(f"{_W2}.DFlashWorkerV2._append_target_hidden_to_draft_kv_by_loc",
+               "overridden: an adaptive width-1 step's rows kept and written when the draft next needs them "
+               "(`draft_context`)",
+               params=("target_hidden", "cache_loc", "positions", "cache_loc_2d", "commit_lens")),
+    Dependency(f"{_W2}.DFlashWorkerV2.clear_cache_pool", "overridden: kept width-1 rows dropped with the pools"),
+    Dependency(f"{_S}.managers.scheduler.Scheduler.flush_cache", "calls the worker's clear_cache_pool after "
+               "resetting the pools"),
     Dependency(f"{_S}.speculative.base_spec_worker.BaseSpecWorker.on_verify_complete_cpu",
                "overridden: acceptance counts on the host feed the adaptive policy",
                params=("num_correct_drafts_per_req", "batch_size")),

@@ -23,10 +23,11 @@ bookkeeping, is upstream's, run unchanged:
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 
 import torch
-from sglang.srt.runtime_context import get_schedule, get_spec
+from sglang.srt.runtime_context import get_memory, get_schedule, get_spec
 from sglang.srt.speculative.dflash_worker_v2 import (
     SIMULATE_ACC_LEN,
     DFlashWorkerV2,
@@ -43,6 +44,7 @@ from . import HF_WINDOW_ENV, draft_tail, env_flag, hooks, q_sampler, request_acc
 from . import settings as scheduler_settings
 from .checks import check_draft_against_target, read_draft_config, read_target_config
 from .cpu import dflash as cpu_dflash
+from .draft_context import DeferredContext
 from .draft_block import DraftBlockRunner, reserve_draft_block
 from .sampled_rollout import SampledStep, active_step, sampled_step
 from .verify_graphs import VerifyGraphs
@@ -98,6 +100,7 @@ class DominoDFlashWorker(DFlashWorkerV2):
         self.drafts_proposed = 0
         if adaptive is not None:
             hooks.install(hooks.ADAPTIVE_METRICS)
+        self._context = self._deferred_context()
         if self._is_domino:
             # the eager rollout's feedback embedding; width-1 steps; the q rule's rollout
             hooks.install(hooks.DOMINO_ROLLOUT)
@@ -111,6 +114,20 @@ class DominoDFlashWorker(DFlashWorkerV2):
             f"adaptive {self.width_policy.widths}" if adaptive is not None else self.block_size, self._is_domino,
             "q rule (draft sampled from q, min(1, p/q))" if self.q_rule else "point mass")
         FirstVerifyLog(self).install()
+
+    def _deferred_context(self):
+        """Width-1 steps' draft context written when the draft next needs it
+        (`draft_context`), where width 1 is among the adaptive widths. Not with a compact
+        (sliding-window) draft cache, whose window is rebuilt from the committed target
+        state every step, nor with the hierarchical cache, which may back a finished
+        request's slots up to the host before the next forward."""
+        if 1 not in self.width_policy.widths or not self.width_policy.cfg.defer_context:
+            return None
+        if self.use_compact_draft_cache or bool(getattr(get_memory(), "enable_hierarchical_cache", False)):
+            logger.info("sglang-domino adaptive verify: width-1 steps write the draft's context every step "
+                        "(compact draft cache or hierarchical cache)")
+            return None
+        return DeferredContext(lambda **rows: super(DominoDFlashWorker, self)._append_target_hidden_to_draft_kv_by_loc(**rows))
 
     def _resolve_draft_block(self, published, adaptive: bool) -> int:
         """`self.block_size` is the verify window, what the scheduler accounts in
@@ -148,15 +165,47 @@ class DominoDFlashWorker(DFlashWorkerV2):
         decode = not (batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle())
         if not decode:
             self._clock.break_chain()
+            if self._context is not None:
+                self._context.before_step(None, 0)
         if not decode or isinstance(self.width_policy, FixedWidth):
             return self._forward_with_q_rollout(batch, *args, **kwargs)
         reqs = list(batch.reqs)
         rids = [req.rid for req in reqs]
         width = self._choose_width(rids)
-        with self._widths.at(width), self._clock.around_launch() as marks:
+        context = self._context
+        if context is not None:
+            context.before_step(rids, width)
+        with self._widths.at(width), self._clock.around_launch() as marks, self._keeping(width == 1, rids):
             result = self._forward_with_q_rollout(batch, *args, **kwargs)
         self._in_flight.append((reqs, rids, width, marks))
         return result
+
+    @contextlib.contextmanager
+    def _keeping(self, on: bool, rids):
+        """Inside a width-1 step, upstream's draft-context append keeps its rows
+        (`draft_context.DeferredContext`)."""
+        context = self._context
+        if not on or context is None:
+            yield
+            return
+        context.keeping, context.step_rids = True, rids
+        try:
+            yield
+        finally:
+            context.keeping, context.step_rids = False, ()
+
+    @override
+    def _append_target_hidden_to_draft_kv_by_loc(self, **kwargs) -> None:
+        context = getattr(self, "_context", None)
+        if context is not None and context.keeping:
+            return context.keep(rids=context.step_rids, **kwargs)
+        return super()._append_target_hidden_to_draft_kv_by_loc(**kwargs)
+
+    @override
+    def clear_cache_pool(self):
+        if getattr(self, "_context", None) is not None:
+            self._context.drop()
+        return super().clear_cache_pool()
 
     @override
     def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size: int = 0) -> None:

@@ -121,6 +121,12 @@ def around_sdpa_forward_extend(original, self, query, output, k_cache, v_cache, 
         return original(self, query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
                         extend_prefix_lens, extend_seq_lens, encoder_lens, scaling=scaling, enable_gqa=enable_gqa,
                         causal=causal, is_cross_attn=is_cross_attn, sliding_window_size=sliding_window_size)
+    if width == 1:
+        # one row per request (an adaptive width-1 verify) is a decode row, which sees every
+        # key up to its own: the decode path (upstream's loop for one request, as above)
+        return self._run_sdpa_forward_decode(query, output, k_cache, v_cache, req_to_token, req_pool_indices,
+                                             seq_lens, scaling=scaling, enable_gqa=enable_gqa, causal=False,
+                                             sliding_window_size=sliding_window_size)
     return attend(query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, width,
                   scaling=scaling, enable_gqa=enable_gqa, causal=causal, sliding_window_size=sliding_window_size)
 

@@ -66,6 +66,28 @@ def test_a_block_of_w_rows_per_request_equals_upstreams_loop(causal, window):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("causal,window", [(True, None), (False, None), (True, 4)])
+@pytest.mark.parametrize("pools", [[2], [1, 3, 0]])
+def test_one_row_per_request_goes_to_the_decode_path_and_equals_upstreams_extend_loop(causal, window, pools,
+                                                                                       monkeypatch):
+    """An adaptive width-1 verify: one row per request is run as a decode row (upstream's
+    decode loop for one request), with upstream's extend loop's result."""
+    g, k, v, req_to_token = _cache(4)
+    pools = torch.tensor(pools)
+    prefix = torch.tensor([9, 30, 0])[: len(pools)]
+    q = torch.randn(len(pools), HEADS, DIM, generator=g)
+    args = (k, v, req_to_token, pools, prefix + 1, prefix, torch.ones_like(prefix), None)
+    kwargs = dict(scaling=None, enable_gqa=True, causal=causal, sliding_window_size=window)
+    want = _unbound(UPSTREAM_EXTEND)(q, torch.empty_like(q), *args, **kwargs)
+    backend = TorchNativeAttnBackend.__new__(TorchNativeAttnBackend)
+    decoded = []
+    monkeypatch.setattr(TorchNativeAttnBackend, "_run_sdpa_forward_decode",
+                        lambda self, *a, **kw: decoded.append(len(a[5])) or UPSTREAM_DECODE(self, *a, **kw))
+    got = attention.around_sdpa_forward_extend(UPSTREAM_EXTEND, backend, q, torch.empty_like(q), *args, **kwargs)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert decoded == [len(pools)]
+
+
 def test_unequal_prefills_and_cross_attention_go_to_upstream():
     g, k, v, req_to_token = _cache(2)
     calls = []

@@ -1,0 +1,91 @@
+"""The draft's context for tokens committed by adaptive width-1 steps, written when the
+draft next needs it (`DeferredContext`).
+
+After every verify, 0.5.23 writes the committed tokens' context into the draft's KV cache
+(`DFlashWorkerV2._append_target_hidden_to_draft_kv_by_loc`: the target's captured hidden
+states projected, then K and V of every draft layer). A width-1 step proposes nothing and
+the draft does not run, so nothing reads that context until the draft runs again; at one
+token per request the write is almost all fixed cost (on the CPU test bed about 0.9 ms of a
+10 ms step, docs/adaptive-width.md). So a width-1 step keeps its rows (the target's hidden
+states, the draft-pool slots, the positions, the commit lengths) and they are written in one
+call, before anything could read or reuse those slots:
+  * before a step that drafts (width > 1) and before any forward that is not a decode step
+    (prefill, mixed, idle): those run the draft or write the draft cache;
+  * before a width-1 step whose batch lacks a request that has rows kept: it finished, was
+    aborted or retracted, so its slots went to the prefix cache or back to the allocator
+    while the scheduler prepared this step. Whoever gets a slot now writes it in a later
+    forward (or in this one, after this write), so the kept row cannot overwrite newer
+    content; and a prefix-cache hit on it is read only after a prefill, which writes first;
+  * when `max_steps` width-1 steps are kept (memory: max_steps x batch x the captured
+    hidden size).
+The written rows are the ones upstream would have written at each step: the same call on
+the same rows, later, so the draft's cache is the same when the draft reads it.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+
+# width-1 steps kept at most before their rows are written
+MAX_STEPS = 16
+
+
+class DeferredContext:
+    """Width-1 steps' draft-context rows, kept until the draft needs them.
+
+    `write` is upstream's `_append_target_hidden_to_draft_kv_by_loc` bound to the worker."""
+
+    def __init__(self, write: Callable[..., None], max_steps: int = MAX_STEPS):
+        self.write = write
+        self.max_steps = int(max_steps)
+        self.rows: list[tuple[torch.Tensor, ...]] = []   # (hidden, cache_loc, positions, commit_lens) per step
+        self.rids: set = set()                           # requests with rows kept
+        self.keeping = False                             # inside a width-1 step: `keep` instead of writing
+        self.step_rids = ()                              # that step's requests
+        self.written_steps = 0                           # steps written late (for tests and logs)
+
+    def before_step(self, rids: Optional[list], width: int) -> None:
+        """Called before each forward: `rids` the decode batch's requests (None: not a
+        decode step); the rows are written where the docstring of the module says."""
+        if not self.rows:
+            return
+        if (rids is None or width > 1 or len(self.rows) >= self.max_steps
+                or not self.rids.issubset(rids if isinstance(rids, (set, frozenset)) else set(rids))):
+            self.flush()
+
+    def keep(self, *, target_hidden: torch.Tensor, cache_loc: torch.Tensor, positions: torch.Tensor,
+             cache_loc_2d: Optional[torch.Tensor] = None, commit_lens: Optional[torch.Tensor] = None,
+             rids=(), **_) -> None:
+        """One width-1 step's rows (the verify's arguments to upstream's append). The
+        tensors are copied: the hidden states live in the target's shared capture buffer
+        and the slots and positions in step buffers, all rewritten by the next step."""
+        n = int(cache_loc.numel())
+        if commit_lens is None:   # every row committed
+            commit_lens = torch.ones(n, dtype=torch.int32, device=cache_loc.device)
+        if cache_loc_2d is not None and int(cache_loc_2d.shape[1]) != 1:
+            raise RuntimeError(f"sglang-domino: a deferred draft-context step must verify one token per request, "
+                               f"got {int(cache_loc_2d.shape[1])}")
+        self.rows.append((target_hidden[:n].clone(), cache_loc.clone(), positions.clone(),
+                          commit_lens.to(torch.int32).clone()))
+        self.rids.update(rids)
+
+    def flush(self) -> None:
+        """Every kept row written into the draft's KV cache, in one call."""
+        if not self.rows:
+            return
+        hidden, cache_loc, positions, commit_lens = (torch.cat(parts) for parts in zip(*self.rows))
+        self.written_steps += len(self.rows)
+        self.rows.clear()
+        self.rids.clear()
+        self.write(target_hidden=hidden, cache_loc=cache_loc, positions=positions,
+                   cache_loc_2d=cache_loc.view(-1, 1), commit_lens=commit_lens)
+
+    def drop(self) -> None:
+        """The KV pools were reset (`flush_cache`): nothing kept is owed."""
+        self.rows.clear()
+        self.rids.clear()
+
+
+__all__ = ["MAX_STEPS", "DeferredContext"]

@@ -1,0 +1,173 @@
+"""Width-1 steps' draft context written when the draft next needs it
+(`sglang_domino.sglang.draft_context.DeferredContext`) and its place in the worker: rows
+kept at width 1, written in one call, in step order, before a step that drafts, before a
+forward that is not a decode step, before a step whose batch lacks a request with rows
+kept, and after `max_steps` steps; dropped when the pools are flushed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("sglang")
+
+from sglang_domino.sglang.draft_context import DeferredContext  # noqa: E402
+from sglang_domino.verify_width import AdaptiveWidth, AdaptiveWidthConfig  # noqa: E402
+
+HIDDEN = 6
+
+
+class Writes:
+    """Upstream's append as a recorder: every call's rows, copied."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, **rows):
+        self.calls.append({k: v.clone() for k, v in rows.items()})
+
+
+def _step(context, rids, seed, buffers=None):
+    """One width-1 step's append, from step buffers that the next step overwrites (as
+    upstream's are), commit length 1 per request."""
+    g = torch.Generator().manual_seed(seed)
+    bs = len(rids)
+    buffers = buffers or {}
+    hidden = buffers.setdefault("hidden", torch.empty(8, HIDDEN))
+    loc = buffers.setdefault("loc", torch.empty(8, dtype=torch.int64))
+    pos = buffers.setdefault("pos", torch.empty(8, dtype=torch.int64))
+    hidden[: bs + 1].copy_(torch.randn(bs + 1, HIDDEN, generator=g))   # a padding row past the batch
+    loc[:bs].copy_(torch.randint(0, 1000, (bs,), generator=g))
+    pos[:bs].copy_(torch.randint(0, 100, (bs,), generator=g))
+    rows = dict(target_hidden=hidden[: bs + 1], cache_loc=loc[:bs], positions=pos[:bs],
+                cache_loc_2d=loc[:bs].view(bs, 1), commit_lens=torch.ones(bs, dtype=torch.int32))
+    expected = {k: v.clone() for k, v in rows.items()}
+    expected["target_hidden"] = expected["target_hidden"][:bs]
+    context.keep(rids=rids, **rows)
+    return expected
+
+
+def test_kept_rows_are_written_in_one_call_in_step_order_before_a_step_that_drafts():
+    writes, buffers = Writes(), {}
+    context = DeferredContext(writes)
+    steps = [_step(context, ["a", "b"], seed, buffers) for seed in range(3)]   # the buffers reused
+    context.before_step(["a", "b"], 1)
+    assert writes.calls == []                   # still width 1, same requests: nothing written
+    context.before_step(["a", "b"], 16)
+    (call,) = writes.calls
+    for key in ("target_hidden", "cache_loc", "positions", "commit_lens"):
+        torch.testing.assert_close(call[key], torch.cat([s[key] for s in steps]))
+    torch.testing.assert_close(call["cache_loc_2d"], call["cache_loc"].view(-1, 1))
+    assert context.written_steps == 3 and not context.rows
+    context.before_step(["a", "b"], 16)
+    assert len(writes.calls) == 1               # nothing left to write
+
+
+def test_a_request_leaving_the_batch_or_a_forward_that_is_not_a_decode_step_writes_them():
+    writes = Writes()
+    context = DeferredContext(writes)
+    _step(context, ["a", "b"], 0)
+    context.before_step(["a", "b", "c"], 1)     # a request joined: nothing to write
+    assert writes.calls == []
+    context.before_step(["b", "c"], 1)          # "a" left (finished, aborted, retracted)
+    assert len(writes.calls) == 1
+    _step(context, ["b", "c"], 1)
+    context.before_step(None, 0)                # a prefill, mixed or idle forward
+    assert len(writes.calls) == 2 and int(writes.calls[1]["cache_loc"].numel()) == 2
+
+
+def test_rows_are_written_after_max_steps_and_dropped_when_the_pools_are_flushed():
+    writes = Writes()
+    context = DeferredContext(writes, max_steps=2)
+    _step(context, ["a"], 0)
+    context.before_step(["a"], 1)
+    assert writes.calls == []
+    _step(context, ["a"], 1)
+    context.before_step(["a"], 1)
+    assert len(writes.calls) == 1 and int(writes.calls[0]["cache_loc"].numel()) == 2
+    _step(context, ["a"], 2)
+    context.drop()
+    context.before_step(["b"], 16)
+    assert len(writes.calls) == 1
+
+
+def test_a_step_of_more_than_one_token_per_request_is_refused():
+    context = DeferredContext(Writes())
+    with pytest.raises(RuntimeError, match="one token per request"):
+        context.keep(target_hidden=torch.zeros(4, HIDDEN), cache_loc=torch.zeros(4, dtype=torch.int64),
+                     positions=torch.zeros(4, dtype=torch.int64), cache_loc_2d=torch.zeros(2, 2, dtype=torch.int64),
+                     commit_lens=torch.ones(2, dtype=torch.int32), rids=["a", "b"])
+
+
+def _worker(monkeypatch, widths=(16, 1), **cfg):
+    """A `DominoDFlashWorker` holding only what its context methods read; upstream's
+    append recorded."""
+    from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+
+    from sglang_domino.sglang import worker as worker_mod
+
+    upstream = Writes()
+    monkeypatch.setattr(DFlashWorkerV2, "_append_target_hidden_to_draft_kv_by_loc",
+                        lambda self, **rows: upstream(**rows))
+    worker = worker_mod.DominoDFlashWorker.__new__(worker_mod.DominoDFlashWorker)
+    worker.width_policy = AdaptiveWidth(AdaptiveWidthConfig(widths=list(widths), **cfg))
+    worker.use_compact_draft_cache = False
+    monkeypatch.setattr(worker_mod, "get_memory", lambda: type("M", (), {"enable_hierarchical_cache": False})())
+    worker._context = worker._deferred_context()
+    return worker, upstream
+
+
+def test_the_worker_keeps_the_append_of_a_width_1_step_and_passes_any_other_to_upstream(monkeypatch):
+    worker, upstream = _worker(monkeypatch)
+    rows = dict(target_hidden=torch.ones(2, HIDDEN), cache_loc=torch.tensor([3, 4]), positions=torch.tensor([7, 9]),
+                cache_loc_2d=torch.tensor([[3], [4]]), commit_lens=torch.ones(2, dtype=torch.int32))
+    with worker._keeping(True, ["a", "b"]):
+        worker._append_target_hidden_to_draft_kv_by_loc(**rows)
+    assert upstream.calls == [] and worker._context.rids == {"a", "b"} and not worker._context.keeping
+    worker._append_target_hidden_to_draft_kv_by_loc(**rows)     # a prefill's or a wider step's append
+    assert len(upstream.calls) == 1
+    with worker._keeping(False, ["a", "b"]):
+        worker._append_target_hidden_to_draft_kv_by_loc(**rows)
+    assert len(upstream.calls) == 2
+    worker._context.before_step(["a", "b"], 16)
+    assert len(upstream.calls) == 3 and int(upstream.calls[2]["cache_loc"].numel()) == 2
+    worker.clear_cache_pool()
+
+
+def test_no_deferred_context_without_width_1_when_turned_off_or_with_a_compact_draft_cache(monkeypatch):
+    assert _worker(monkeypatch)[0]._context is not None
+    assert _worker(monkeypatch, widths=(16, 8))[0]._context is None
+    assert _worker(monkeypatch, defer_context=False)[0]._context is None
+    worker, _ = _worker(monkeypatch)
+    worker.use_compact_draft_cache = True
+    assert worker._deferred_context() is None
+
+
+def test_a_pinned_policy_runs_its_widths_in_turn_and_pins_are_checked():
+    policy = AdaptiveWidth(AdaptiveWidthConfig(widths=[16, 8, 1], pin=[1, 1, 16]))
+    assert [policy.choose(["a"]) for _ in range(7)] == [1, 1, 16, 1, 1, 16, 1]
+    assert policy.histogram == {16: 2, 8: 0, 1: 5}
+    with pytest.raises(ValueError, match="pin"):
+        AdaptiveWidthConfig(widths=[16, 1], pin=[4])
+    with pytest.raises(ValueError, match="pin"):
+        AdaptiveWidthConfig(widths=[16, 1], pin=[])
+    with pytest.raises(ValueError, match="at most the verify window 8"):
+        AdaptiveWidthConfig(widths=[16, 1], pin=[16]).for_window(8)
+
+
+def test_keeping_and_writing_rows_reads_nothing_back_on_fake_cuda():
+    """On a GPU the kept rows stay on the device: copies and one concatenation, no host read."""
+    from tests.fake_cuda import fake_cuda
+
+    writes = Writes()
+    with fake_cuda():
+        context = DeferredContext(writes)
+        for _ in range(3):
+            loc = torch.zeros(4, dtype=torch.int64, device="cuda")
+            context.keep(target_hidden=torch.zeros(5, HIDDEN, device="cuda"), cache_loc=loc,
+                         positions=torch.zeros(4, dtype=torch.int64, device="cuda"), cache_loc_2d=loc.view(4, 1),
+                         commit_lens=torch.ones(4, dtype=torch.int32, device="cuda"), rids=["a", "b", "c", "d"])
+        context.before_step(["a", "b", "c", "d"], 16)
+        (call,) = writes.calls
+        assert call["target_hidden"].shape == (12, HIDDEN) and call["target_hidden"].device.type == "cuda"
+        assert call["cache_loc_2d"].shape == (12, 1)
