@@ -487,6 +487,12 @@ class AdaptiveWidth:
         # of the first proposal, decayed): measure one position further every step
         if wider is not None and self.stats.positions and self.stats.server.tried[0] < self.cfg.probe_until:
             return wider
+        # width 1 never measured at all: it skips the draft, so its cost is not on the
+        # curve of the other widths (priced from them, it reads about as dear as width 2,
+        # and a walk down one neighbour at a time stalls wherever noisy timings make a
+        # narrower width look dearer): timed early, like an unmeasured neighbour
+        if width != 1 and 1 in self.widths and 1 not in self.costs.cells:
+            return 1 if self.steps % max(every // 4, 1) == 0 else None
         # a narrower neighbour never measured at all: its cost four times as often
         if narrower is not None and narrower not in self.costs.cells:
             return narrower if self.steps % max(every // 4, 1) == 0 else None

@@ -334,3 +334,21 @@ def test_cpu_attention_benchmark_smoke(tmp_path):
     records = json.loads((tmp_path / "cpu_attention.json").read_text())["records"]
     assert len(records) == 4 and all(r["batched_ms"] > 0 for r in records)
     assert "| verify (16 rows, causal) | 2 | 8 |" in (tmp_path / "cpu_attention.md").read_text()
+
+
+def test_interleaved_ab_rates_each_server_over_its_own_wall_time():
+    from benchmarks.interleaved_ab import summary
+
+    def group(server, rnd, first, tokens, wall, texts, steps=0):
+        return {"server": server, "round": rnd, "concurrency": 1, "group": first, "tokens": tokens, "wall_s": wall,
+                "texts": texts, "verify_steps": steps}
+
+    runs = [group("plain", 0, 0, 100, 1.0, ["a"]), group("plain", 0, 1, 100, 3.0, ["b"]),
+            group("width 16", 0, 0, 100, 0.5, ["a"], steps=10), group("width 16", 0, 1, 100, 0.5, ["x"], steps=10)]
+    lines = summary(runs, ["plain", "width 16"], [1], 1, ["header"])
+    row = next(line for line in lines if line.startswith("| width 16 |"))
+    # plain: 200 tokens in 4 s; width 16: 200 in 1 s; 20 steps; the second group's text differs
+    assert row == "| width 16 | 1 | 200.0 | 4.00x | 4.00 | 10.00 | NO |"
+    assert "| plain | 1 | 50.0 | 1.00x | 1.00 | - | yes |" in lines
+    sampled = summary(runs, ["plain", "width 16"], [1], 1, ["header"], compare_texts=False)
+    assert next(line for line in sampled if line.startswith("| width 16 |")).endswith("| - |")

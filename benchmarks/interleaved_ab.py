@@ -1,0 +1,174 @@
+"""Servers side by side, taking turns: the test bed's plain server and Domino servers with
+adaptive settings, on a machine whose speed drifts by tens of percent from minute to minute.
+
+The servers run at once (`--sleep-on-idle`: an idle one does not poll) and each group of
+`concurrency` requests goes to every server in turn, the order rotated from group to group;
+a server's throughput is its tokens over the summed wall time of its own groups. Every
+output is compared with the plain server's (greedy: equal texts).
+
+Servers (`--servers`): `plain`; Domino pinned to one width (`--speculative-adaptive` with
+`{"widths": [16, W], "pin": [W]}`): `width 1, context late` (the draft's context written
+when the draft next needs it, `draft_context`, the default), `width 1, context every step`
+(`defer_context: false`, as 0.5.23 writes it) and `width 16`; `adaptive` (the default
+policy). Float32, the held-out requests, greedy unless `--temperature`.
+
+    python -m benchmarks.interleaved_ab [--rounds 3] [--concurrencies 1 8] [--prompts 16]
+        [--servers plain "width 1, context late" ...] [--temperature T --top-k K --top-p P] [--out DIR]
+
+Writes `interleaved_ab.json` (every group) and `interleaved_ab.md` (each server / plain
+overall and per round; the CPU named) to DIR (default benchmarks/results/width1-step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from .machine import machine
+from .profile_step import bench_config, render_prompts
+from .report import write_markdown
+
+DRAFT = "domino"
+# server -> adaptive settings (None: the plain target)
+SERVERS = {
+    "plain": None,
+    "width 1, context late": {"widths": [16, 1], "pin": [1]},
+    "width 1, context every step": {"widths": [16, 1], "pin": [1], "defer_context": False},
+    "width 16": {"widths": [16, 1], "pin": [16]},
+    "adaptive": {},
+}
+
+
+@contextlib.contextmanager
+def serve(cfg, name: str, out: str):
+    """One server of SERVERS, healthy; its URL."""
+    from sglang_domino.launch import free_port, start
+
+    settings = SERVERS[name]
+    slug = name.replace(" ", "-").replace(",", "")
+    extra: tuple[str, ...] = ("--sleep-on-idle",)
+    draft = None
+    if settings is not None:
+        path = os.path.join(out, f"adaptive-{slug}.json")
+        with open(path, "w", encoding="utf-8") as fh:
+            json.dump(settings, fh)
+        draft = next(d for d in cfg.draft_models if os.path.basename(d.rstrip("/")) == DRAFT)
+        extra += ("--speculative-adaptive", "--speculative-adaptive-config", path)
+    port = free_port()
+    with start(cfg.launch_command(port, draft, extra), port, os.path.join(out, f"server-{slug}.log"),
+               cfg.server_timeout) as server:
+        yield server.url
+
+
+def run_group(url: str, cfg, prompts: list[str]) -> dict:
+    """`prompts` sent at once; wall time, tokens, verify steps, texts."""
+    from .sglang_bench import generate
+
+    t0 = time.time()
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        bodies = list(pool.map(lambda t: generate(url, t, cfg), prompts))
+    return {"wall_s": time.time() - t0, "tokens": sum(b["meta_info"]["completion_tokens"] for b in bodies),
+            "verify_steps": sum(int(b["meta_info"].get("spec_verify_ct") or 0) for b in bodies),
+            "texts": [b["text"] for b in bodies]}
+
+
+def summary(runs: list[dict], servers: list[str], concurrencies: list[int], rounds: int, header: list[str],
+            compare_texts: bool = True) -> list[str]:
+    """The markdown table: per server and concurrency its tok/s (tokens over its own summed
+    wall time), over plain's overall and per round, tokens per verify step, and whether
+    every output equals plain's of the same group."""
+    def tps(name, conc, rnd=None):
+        mine = [r for r in runs if r["server"] == name and r["concurrency"] == conc and rnd in (None, r["round"])]
+        return sum(r["tokens"] for r in mine) / sum(r["wall_s"] for r in mine)
+
+    has_plain = "plain" in servers
+    lines = ["# Served side by side, taking turns", "", *header, "",
+             "| server | concurrency | tok/s | / plain | per round / plain | tokens per step | outputs = plain |",
+             "|---|---|---|---|---|---|---|"]
+    for name in servers:
+        for conc in concurrencies:
+            mine = [r for r in runs if r["server"] == name and r["concurrency"] == conc]
+            plain = {(r["round"], r["group"]): r["texts"] for r in runs
+                     if r["server"] == "plain" and r["concurrency"] == conc}
+            same = (all(r["texts"] == plain[(r["round"], r["group"])] for r in mine)
+                    if plain and compare_texts else None)
+            steps = sum(r["verify_steps"] for r in mine)
+            per_step = f"{sum(r['tokens'] for r in mine) / steps:.2f}" if steps else "-"
+            vs = f"{tps(name, conc) / tps('plain', conc):.2f}x" if has_plain else "-"
+            per_round = (", ".join(f"{tps(name, conc, k) / tps('plain', conc, k):.2f}" for k in range(rounds))
+                         if has_plain else "-")
+            lines.append(f"| {name} | {conc} | {tps(name, conc):.1f} | {vs} | {per_round} | {per_step} | "
+                         f"{'-' if same is None else 'yes' if same else 'NO'} |")
+    return lines
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--concurrencies", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--servers", nargs="+", default=[s for s in SERVERS if s != "adaptive"], choices=list(SERVERS))
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--top-k", type=int, default=-1)
+    ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "width1-step"))
+    ap.add_argument("--report", action="store_true", help="rewrite the markdown from DIR/interleaved_ab.json")
+    args = ap.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    if args.report:
+        with open(os.path.join(args.out, "interleaved_ab.json"), encoding="utf-8") as fh:
+            saved = json.load(fh)
+        write_markdown(args.out, "interleaved_ab.md", summary(
+            saved["runs"], list(saved["servers"]), saved["concurrencies"], saved["rounds"], saved["header"],
+            compare_texts=not saved["temperature"]))
+        return
+    cfg = bench_config(args.prompts, args.concurrencies, args.temperature, args.top_k, args.top_p)
+    prompts = render_prompts(cfg)
+    runs = []
+    with contextlib.ExitStack() as stack:
+        urls = {name: stack.enter_context(serve(cfg, name, args.out)) for name in args.servers}
+        warm = cfg.model_copy(update={"max_new_tokens": 16})
+        for url in urls.values():
+            run_group(url, warm, prompts[: max(args.concurrencies)])
+        turn = 0
+        for rnd in range(args.rounds):
+            for conc in args.concurrencies:
+                for first in range(0, len(prompts), conc):
+                    group = prompts[first: first + conc]
+                    order = args.servers[turn % len(args.servers):] + args.servers[: turn % len(args.servers)]
+                    turn += 1
+                    for name in order:
+                        runs.append({"round": rnd, "concurrency": conc, "group": first, "server": name,
+                                     **run_group(urls[name], cfg, group)})
+                print(json.dumps({"round": rnd, "concurrency": conc, **{
+                    name: round(sum(r["tokens"] for r in runs if r["server"] == name and r["round"] == rnd
+                                    and r["concurrency"] == conc)
+                                / sum(r["wall_s"] for r in runs if r["server"] == name and r["round"] == rnd
+                                      and r["concurrency"] == conc), 1) for name in args.servers}}), flush=True)
+    info = machine()
+    sampling = ("greedy" if args.temperature == 0
+                else f"temperature {args.temperature}, top-k {args.top_k}, top-p {args.top_p}")
+    servers = " ".join(f'"{s}"' if " " in s else s for s in args.servers)
+    command = (f"python -m benchmarks.interleaved_ab --rounds {args.rounds} --concurrencies "
+               f"{' '.join(map(str, args.concurrencies))} --prompts {args.prompts} --servers {servers}")
+    if args.temperature:
+        command += f" --temperature {args.temperature} --top-k {args.top_k} --top-p {args.top_p}"
+    header = [f"Test bed, float32, {args.prompts} held-out requests, {cfg.max_new_tokens} new tokens, {sampling}; "
+              f"the servers side by side, taking turns group by group ({args.rounds} rounds); output tok/s over each "
+              f"server's own wall time. CPU: {info.get('cpu', 'unknown')}, {info.get('cpu_count')} cores. "
+              f"Command: `{command}`."]
+    with open(os.path.join(args.out, "interleaved_ab.json"), "w", encoding="utf-8") as fh:
+        json.dump({"machine": info, "dtype": "float32", "max_new_tokens": cfg.max_new_tokens,
+                   "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
+                   "prompts": args.prompts, "rounds": args.rounds, "concurrencies": args.concurrencies,
+                   "servers": {s: SERVERS[s] for s in args.servers}, "header": header, "runs": runs}, fh, indent=1)
+    lines = summary(runs, args.servers, args.concurrencies, args.rounds, header, compare_texts=not args.temperature)
+    write_markdown(args.out, "interleaved_ab.md", lines)
+
+
+if __name__ == "__main__":
+    main()
