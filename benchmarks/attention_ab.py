@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from .machine import machine
 from .report import write_markdown
-from .profile_step import bench_config, draft_for, render_prompts
+from .profile_step import add_load_arguments, bench_config, draft_for, render_prompts
 
 MODES = ("upstream", "batched")
 
@@ -82,14 +82,9 @@ def serve_and_measure(cfg, config: str, side: str, env_extra: dict, prompts: lis
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--concurrencies", type=int, nargs="+", default=[1, 8])
-    ap.add_argument("--prompts", type=int, default=16)
+    add_load_arguments(ap, rounds=2)
     ap.add_argument("--configs", nargs="+", default=["plain", "domino"],
                     help="plain, a test-bed draft (domino, dflash), or <draft>+q for the q rule")
-    ap.add_argument("--temperature", type=float, default=0.0)
-    ap.add_argument("--top-k", type=int, default=-1)
-    ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--baseline", metavar="REV", help="the plugin at this git revision against the working tree")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "cpu-attention"))
     args = ap.parse_args(argv)

@@ -29,7 +29,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from .machine import machine
-from .profile_step import bench_config, render_prompts
+from .profile_step import add_load_arguments, bench_config, render_prompts
 from .report import write_markdown
 
 DRAFT = "domino"
@@ -108,13 +108,8 @@ def summary(runs: list[dict], servers: list[str], concurrencies: list[int], roun
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--concurrencies", type=int, nargs="+", default=[1, 8])
-    ap.add_argument("--prompts", type=int, default=16)
+    add_load_arguments(ap, rounds=3)
     ap.add_argument("--servers", nargs="+", default=[s for s in SERVERS if s != "adaptive"], choices=list(SERVERS))
-    ap.add_argument("--temperature", type=float, default=0.0)
-    ap.add_argument("--top-k", type=int, default=-1)
-    ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "width1-step"))
     ap.add_argument("--report", action="store_true", help="rewrite the markdown from DIR/interleaved_ab.json")
     args = ap.parse_args(argv)

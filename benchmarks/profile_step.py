@@ -181,6 +181,16 @@ def bench_config(prompts: int, concurrencies, temperature: float = 0.0, top_k: i
     return SGLangBenchConfig.from_env(env)
 
 
+def add_load_arguments(ap, rounds: int) -> None:
+    """The served A/B benchmarks' load: rounds, concurrencies, held-out prompts, sampling."""
+    ap.add_argument("--rounds", type=int, default=rounds)
+    ap.add_argument("--concurrencies", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--top-k", type=int, default=-1)
+    ap.add_argument("--top-p", type=float, default=1.0)
+
+
 def render_prompts(cfg) -> list[str]:
     from transformers import AutoTokenizer
 
