@@ -11,6 +11,9 @@ bookkeeping, is upstream's, run unchanged:
     (`width_switch.WidthSwitch`); with the q rule, sampled steps propose from q.
   * `on_verify_complete_cpu`: the adaptive policy's acceptance counts; the proposals
     really verified, for the accept rate in the log (`metrics`).
+  * `_append_target_hidden_to_draft_kv_by_loc`, `clear_cache_pool`: an adaptive width-1
+    step's draft context kept and written when the draft next needs it (`draft_context`);
+    kept rows dropped with the pools.
   * `_accept_block`: sampled requests verified exactly where 0.5.23 has no kernel, and
     with the q rule accepted with min(1, p/q) (`sampled_rollout`).
   * `init_cuda_graphs`, `_maybe_build_draft_sampler`, `_validate_phase1_sampling_support`:
@@ -127,7 +130,8 @@ class DominoDFlashWorker(DFlashWorkerV2):
             logger.info("sglang-domino adaptive verify: width-1 steps write the draft's context every step "
                         "(compact draft cache or hierarchical cache)")
             return None
-        return DeferredContext(lambda **rows: super(DominoDFlashWorker, self)._append_target_hidden_to_draft_kv_by_loc(**rows))
+        upstream_append = super()._append_target_hidden_to_draft_kv_by_loc
+        return DeferredContext(upstream_append)
 
     def _resolve_draft_block(self, published, adaptive: bool) -> int:
         """`self.block_size` is the verify window, what the scheduler accounts in
