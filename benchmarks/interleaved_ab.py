@@ -10,7 +10,7 @@ Servers (`--servers`): `plain`; Domino pinned to one width (`--speculative-adapt
 `{"widths": [16, W], "pin": [W]}`): `width 1, context late` (the draft's context written
 when the draft next needs it, `draft_context`, the default), `width 1, context every step`
 (`defer_context: false`, as 0.5.23 writes it) and `width 16`; `adaptive` (the default
-policy). Float32, the held-out requests, greedy unless `--temperature`.
+policy). Float32 unless `--dtype`, the held-out requests, greedy unless `--temperature`.
 
     python -m benchmarks.interleaved_ab [--rounds 3] [--concurrencies 1 8] [--prompts 16]
         [--servers plain "width 1, context late" ...] [--temperature T --top-k K --top-p P] [--out DIR]
@@ -109,6 +109,7 @@ def summary(runs: list[dict], servers: list[str], concurrencies: list[int], roun
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_load_arguments(ap, rounds=3)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--servers", nargs="+", default=[s for s in SERVERS if s != "adaptive"], choices=list(SERVERS))
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "width1-step"))
     ap.add_argument("--report", action="store_true", help="rewrite the markdown from DIR/interleaved_ab.json")
@@ -121,7 +122,7 @@ def main(argv=None) -> None:
             saved["runs"], list(saved["servers"]), saved["concurrencies"], saved["rounds"], saved["header"],
             compare_texts=not saved["temperature"]))
         return
-    cfg = bench_config(args.prompts, args.concurrencies, args.temperature, args.top_k, args.top_p)
+    cfg = bench_config(args.prompts, args.concurrencies, args.temperature, args.top_k, args.top_p, args.dtype)
     prompts = render_prompts(cfg)
     runs = []
     with contextlib.ExitStack() as stack:
@@ -152,12 +153,14 @@ def main(argv=None) -> None:
                f"{' '.join(map(str, args.concurrencies))} --prompts {args.prompts} --servers {servers}")
     if args.temperature:
         command += f" --temperature {args.temperature} --top-k {args.top_k} --top-p {args.top_p}"
-    header = [f"Test bed, float32, {args.prompts} held-out requests, {cfg.max_new_tokens} new tokens, {sampling}; "
+    if args.dtype != "float32":
+        command += f" --dtype {args.dtype}"
+    header = [f"Test bed, {args.dtype}, {args.prompts} held-out requests, {cfg.max_new_tokens} new tokens, {sampling}; "
               f"the servers side by side, taking turns group by group ({args.rounds} rounds); output tok/s over each "
               f"server's own wall time. CPU: {info.get('cpu', 'unknown')}, {info.get('cpu_count')} cores. "
               f"Command: `{command}`."]
     with open(os.path.join(args.out, "interleaved_ab.json"), "w", encoding="utf-8") as fh:
-        json.dump({"machine": info, "dtype": "float32", "max_new_tokens": cfg.max_new_tokens,
+        json.dump({"machine": info, "dtype": args.dtype, "max_new_tokens": cfg.max_new_tokens,
                    "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
                    "prompts": args.prompts, "rounds": args.rounds, "concurrencies": args.concurrencies,
                    "servers": {s: SERVERS[s] for s in args.servers}, "header": header, "runs": runs}, fh, indent=1)

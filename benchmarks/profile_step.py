@@ -171,11 +171,12 @@ def top_leaves(samples, k: int = 12, within: tuple[str, ...] = ("",)) -> list[tu
 
 
 # -- measuring: server, load, py-spy, /proc ----------------------------------------------
-def bench_config(prompts: int, concurrencies, temperature: float = 0.0, top_k: int = -1, top_p: float = 1.0):
-    """The benchmark's own settings for the test bed (float32), so the launch command is its."""
+def bench_config(prompts: int, concurrencies, temperature: float = 0.0, top_k: int = -1, top_p: float = 1.0,
+                 dtype: str = "float32"):
+    """The benchmark's own settings for the test bed (float32 unless `dtype`), so the launch command is its."""
     from .sglang_bench import SGLangBenchConfig
 
-    env = {"SERVER_ARGS": "--dtype float32", "MAX_NEW_TOKENS": str(MAX_NEW_TOKENS), "TASKS": f"heldout:{prompts}",
+    env = {"SERVER_ARGS": f"--dtype {dtype}", "MAX_NEW_TOKENS": str(MAX_NEW_TOKENS), "TASKS": f"heldout:{prompts}",
            "CONCURRENCIES": ",".join(map(str, concurrencies)), "TEMPERATURE": str(temperature), "OUT_DIR": OUT_DIR,
            "TOP_K": str(top_k), "TOP_P": str(top_p)}
     return SGLangBenchConfig.from_env(env)
