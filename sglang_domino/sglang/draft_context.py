@@ -15,7 +15,8 @@ call, before anything could read or reuse those slots:
     aborted or retracted, so its slots went to the prefix cache or back to the allocator
     while the scheduler prepared this step. Whoever gets a slot now writes it in a later
     forward (or in this one, after this write), so the kept row cannot overwrite newer
-    content; and a prefix-cache hit on it is read only after a prefill, which writes first;
+    content; and a prefix-cache hit on it is read only after that request's prefill, before
+    which every kept row is written;
   * when `max_steps` width-1 steps are kept (memory: max_steps x batch x the captured
     hidden size).
 The written rows are the ones upstream would have written at each step: the same call on
