@@ -53,7 +53,7 @@ class DeferredContext:
         if not self.rows:
             return
         if (rids is None or width > 1 or len(self.rows) >= self.max_steps
-                or not self.rids.issubset(rids if isinstance(rids, (set, frozenset)) else set(rids))):
+                or not self.rids.issubset(rids)):
             self.flush()
 
     def keep(self, *, target_hidden: torch.Tensor, cache_loc: torch.Tensor, positions: torch.Tensor,
