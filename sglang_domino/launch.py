@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -44,10 +45,38 @@ def isolated_env(tmp: str, **extra: str) -> dict[str, str]:
     return env
 
 
+# Where `free_port` looks: below the kernel's ephemeral range, so that no socket bound to
+# port 0 or connecting out (a starting server's own gloo, ZMQ and transfer-engine sockets,
+# any other process) is handed the port between `free_port` and the server's bind. A
+# port from bind(0) was taken that way once in CI (the PD decode server: "address already
+# in use" seconds after the port was found free).
+_PORT_FLOOR = 20000
+_handed_out: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as fh:
+            return int(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768   # Linux's default
+
+
 def free_port() -> int:
+    """A port free on HOST now, outside the ephemeral range where there is room, and not
+    handed out before by this process."""
+    top = _ephemeral_low() - 1
+    pick = random.SystemRandom()
+    for _ in range(256 if top - _PORT_FLOOR > 1000 else 0):
+        port = pick.randint(_PORT_FLOOR, top)
+        if port not in _handed_out and port_is_free(port):
+            _handed_out.add(port)
+            return port
     with socket.socket() as s:
         s.bind((HOST, 0))
-        return s.getsockname()[1]
+        port = s.getsockname()[1]
+    _handed_out.add(port)
+    return port
 
 
 def port_is_free(port: int) -> bool:
@@ -57,6 +86,14 @@ def port_is_free(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+class PortTaken(RuntimeError):
+    """The server could not listen on its port: another process had bound it meanwhile."""
+
+
+# what uvicorn logs when the server's port is taken
+_BIND_FAILED = "error while attempting to bind on address"
 
 
 def tail(path: str, lines: int = 15) -> str:
@@ -95,6 +132,20 @@ class Server:
         # scheduler and detokenizer. Updated when it becomes healthy and when it stops.
         self.children: set[int] = set()
         self._stopped = False
+        self._scanned = 0   # bytes of the log read by `_bind_failed`
+
+    def _bind_failed(self) -> bool:
+        """The log says the server's port was taken (read on from where it was last read)."""
+        try:
+            with open(self.log_path, "rb") as fh:
+                fh.seek(self._scanned)
+                raw = fh.read()
+        except OSError:
+            return False
+        raw = raw[: raw.rfind(b"\n") + 1]   # the last line may still be being written
+        self._scanned += len(raw)
+        return any(_BIND_FAILED in line and f"{self.port})" in line
+                   for line in raw.decode("utf-8", errors="replace").splitlines())
 
     @property
     def pid(self) -> int:
@@ -141,6 +192,11 @@ class Server:
                         return self
             except (urllib.error.URLError, OSError):
                 pass
+            if self._bind_failed():
+                # uvicorn logs the error and then waits on the app's shutdown: the
+                # process does not exit, so this would otherwise wait out `timeout`
+                raise PortTaken(f"server could not listen on {HOST}:{self.port} (taken by another process); "
+                                f"see {self.log_path}:\n{tail(self.log_path, tail_lines)}")
             if time.time() - t0 > timeout:
                 raise RuntimeError(f"server at {self.url} did not become healthy within {timeout:.0f} s; "
                                    f"see {self.log_path}:\n{tail(self.log_path, tail_lines)}")
@@ -224,4 +280,19 @@ def start(cmd: list[str], port: int, log_path: str, timeout: float, env: Optiona
     except BaseException:
         server.stop()
         raise
+
+
+def start_on_free_port(cmd_for: Callable[[int], list[str]], log_for: Callable[[int], str], timeout: float,
+                       tries: int = 3, **kwargs) -> Server:
+    """`start(cmd_for(port), port, log_for(port), timeout, **kwargs)` on a `free_port()`,
+    on another one if the port was taken before the server bound it (`PortTaken`), up to
+    `tries` ports."""
+    for attempt in range(tries):
+        port = free_port()
+        try:
+            return start(cmd_for(port), port, log_for(port), timeout, **kwargs)
+        except PortTaken:
+            if attempt == tries - 1:
+                raise
+    raise AssertionError("unreachable")
 

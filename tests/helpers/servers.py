@@ -42,16 +42,14 @@ def start_server(args: list[str], tmp: str, name: str, module_entry: bool = Fals
     `module_entry`), forked from `zygote` when one is given, its log
     `tmp/server-NAME-PORT.log`; RuntimeError with the log's tail if it exits or is not
     healthy within STARTUP_TIMEOUT (it is stopped then)."""
-    port = launch.free_port()
-    cmd = launch.sglang_command(args, port, module_entry)
-    log_path = os.path.join(tmp, f"server-{name}-{port}.log")
     popen = None
     if zygote is not None:
         if module_entry:
             raise ValueError("a forked server runs `sglang serve`; module_entry needs a spawned one")
         popen = zygote.popen
-    return launch.start(cmd, port, log_path, STARTUP_TIMEOUT, env=env or server_env(tmp), tail_lines=LOG_TAIL_LINES,
-                        popen=popen)
+    return launch.start_on_free_port(lambda port: launch.sglang_command(args, port, module_entry),
+                                     lambda port: os.path.join(tmp, f"server-{name}-{port}.log"), STARTUP_TIMEOUT,
+                                     env=env or server_env(tmp), tail_lines=LOG_TAIL_LINES, popen=popen)
 
 
 class Forked:
@@ -149,10 +147,12 @@ def start_gateway(routing: list[str], tmp: str, model: str, name: str = "gateway
     import sys
     import time
 
-    port = launch.free_port()
-    cmd = [sys.executable, "-m", "smg", "launch", *routing, "--host", launch.HOST, "--port", str(port),
-           "--prometheus-host", launch.HOST, "--prometheus-port", str(launch.free_port())]
-    router = launch.start(cmd, port, os.path.join(tmp, f"{name}-{port}.log"), timeout=120, env=server_env(tmp))
+    def cmd(port: int) -> list[str]:
+        return [sys.executable, "-m", "smg", "launch", *routing, "--host", launch.HOST, "--port", str(port),
+                "--prometheus-host", launch.HOST, "--prometheus-port", str(launch.free_port())]
+
+    router = launch.start_on_free_port(cmd, lambda port: os.path.join(tmp, f"{name}-{port}.log"), timeout=120,
+                                       env=server_env(tmp))
     deadline = time.time() + STARTUP_TIMEOUT
     while True:
         try:
