@@ -9,11 +9,13 @@ output is compared with the plain server's (greedy: equal texts).
 Servers (`--servers`): `plain`; Domino pinned to one width (`--speculative-adaptive` with
 `{"widths": [16, W], "pin": [W]}`): `width 1, context late` (the draft's context written
 when the draft next needs it, `draft_context`, the default), `width 1, context every step`
-(`defer_context: false`, as 0.5.23 writes it) and `width 16`; `adaptive` (the default
-policy). Float32 unless `--dtype`, the held-out requests, greedy unless `--temperature`.
+(`defer_context: false`, as 0.5.23 writes it), `width 16` and `width 8`; `adaptive` (the
+default policy) and `adaptive, prices as timed` (`track_speed: false`: each width keeps the
+price of its own last timings, not following the machine's speed). Float32 unless `--dtype`, the held-out requests, greedy unless `--temperature`.
 
     python -m benchmarks.interleaved_ab [--rounds 3] [--concurrencies 1 8] [--prompts 16]
-        [--servers plain "width 1, context late" ...] [--temperature T --top-k K --top-p P] [--out DIR]
+        [--servers plain "width 1, context late" ...] [--temperature T --top-k K --top-p P]
+        [--max-new-tokens N] [--out DIR]
 
 Writes `interleaved_ab.json` (every group) and `interleaved_ab.md` (each server / plain
 overall and per round; the CPU named) to DIR (default benchmarks/results/width1-step).
@@ -28,7 +30,7 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from .machine import machine
+from .machine import cpu_label, machine
 from .profile_step import add_load_arguments, bench_config, render_prompts
 from .report import write_markdown
 
@@ -39,7 +41,9 @@ SERVERS = {
     "width 1, context late": {"widths": [16, 1], "pin": [1]},
     "width 1, context every step": {"widths": [16, 1], "pin": [1], "defer_context": False},
     "width 16": {"widths": [16, 1], "pin": [16]},
+    "width 8": {"widths": [16, 8], "pin": [8]},
     "adaptive": {},
+    "adaptive, prices as timed": {"track_speed": False},
 }
 
 
@@ -110,7 +114,10 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_load_arguments(ap, rounds=3)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    ap.add_argument("--servers", nargs="+", default=[s for s in SERVERS if s != "adaptive"], choices=list(SERVERS))
+    ap.add_argument("--max-new-tokens", type=int, default=128,
+                    help="a longer generation gives the adaptive policy more steps per request group")
+    ap.add_argument("--servers", nargs="+", default=["plain", "width 1, context late", "width 1, context every step",
+                                                      "width 16"], choices=list(SERVERS))
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "width1-step"))
     ap.add_argument("--report", action="store_true", help="rewrite the markdown from DIR/interleaved_ab.json")
     args = ap.parse_args(argv)
@@ -123,6 +130,7 @@ def main(argv=None) -> None:
             compare_texts=not saved["temperature"]))
         return
     cfg = bench_config(args.prompts, args.concurrencies, args.temperature, args.top_k, args.top_p, args.dtype)
+    cfg = cfg.model_copy(update={"max_new_tokens": args.max_new_tokens})
     prompts = render_prompts(cfg)
     runs = []
     with contextlib.ExitStack() as stack:
@@ -155,9 +163,11 @@ def main(argv=None) -> None:
         command += f" --temperature {args.temperature} --top-k {args.top_k} --top-p {args.top_p}"
     if args.dtype != "float32":
         command += f" --dtype {args.dtype}"
+    if args.max_new_tokens != 128:
+        command += f" --max-new-tokens {args.max_new_tokens}"
     header = [f"Test bed, {args.dtype}, {args.prompts} held-out requests, {cfg.max_new_tokens} new tokens, {sampling}; "
               f"the servers side by side, taking turns group by group ({args.rounds} rounds); output tok/s over each "
-              f"server's own wall time. CPU: {info.get('cpu', 'unknown')}, {info.get('cpu_count')} cores. "
+              f"server's own wall time. CPU: {cpu_label(info)}, {info.get('cpu_count')} cores. "
               f"Command: `{command}`."]
     with open(os.path.join(args.out, "interleaved_ab.json"), "w", encoding="utf-8") as fh:
         json.dump({"machine": info, "dtype": args.dtype, "max_new_tokens": cfg.max_new_tokens,

@@ -6,11 +6,25 @@ import os
 import platform
 
 
+# The instruction sets that decide how fast the CPU port runs: bf16 matmuls without
+# AVX-512 bf16 or AMX are emulated, and 0.5.23's CPU kernels need AMX.
+SIMD_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+
+
 def machine() -> dict:
     info = {"platform": platform.platform(), "processor": platform.machine(), "cpu_count": os.cpu_count()}
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            info["cpu"] = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), None)
+            fields: dict[str, str] = {}
+            for line in fh:
+                if not line.strip():
+                    break   # the first processor's block is enough
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+        info["cpu"] = fields.get("model name")
+        info["cpu_family"] = fields.get("cpu family")
+        flags = set(fields.get("flags", "").split())
+        info["simd"] = [f for f in SIMD_FLAGS if f in flags]
         with open("/proc/meminfo", encoding="utf-8") as fh:
             info["memory_gib"] = round(int(fh.readline().split()[1]) / 2**20, 1)
     except OSError:
@@ -24,3 +38,13 @@ def machine() -> dict:
     except ImportError:
         pass
     return info
+
+
+def cpu_label(info: dict) -> str:
+    """'AMD EPYC (family 23; AVX2, no AVX-512, no AMX)' from `machine()`."""
+    simd = set(info.get("simd") or ())
+    parts = ["AVX2" if "avx2" in simd else "no AVX2",
+             ("AVX-512 with bf16" if "avx512_bf16" in simd else "AVX-512") if "avx512f" in simd else "no AVX-512",
+             "AMX" if "amx_bf16" in simd else "no AMX"]
+    family = f"family {info['cpu_family']}; " if info.get("cpu_family") else ""
+    return f"{info.get('cpu') or 'unknown CPU'} ({family}{', '.join(parts)})"

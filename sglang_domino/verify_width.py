@@ -59,6 +59,9 @@ class AdaptiveWidthConfig(BaseModel):
     request_decay: float = Field(0.9, gt=0.0, le=1.0)
     server_decay: float = Field(0.99, gt=0.0, le=1.0)
     cost_ema: float = Field(0.3, gt=0.0, le=1.0)
+    # the running width's price changes are the machine's speed, which every other
+    # width's price follows (`StepCosts`); false: each width keeps its own last price
+    track_speed: bool = True
     probe_every: int = Field(32, ge=0)
     probe_until: float = Field(16.0, ge=0.0)
     log_every_steps: int = Field(200, ge=1)
@@ -291,13 +294,34 @@ class StepCosts:
     never timed (the prefill breaks the chain), and pricing each width at its own nearest
     batch size compared, on the CPU test bed, the widest width at batch 8 with width 8 at
     batch 1 and chose width 8 at batch 7 every time. A width never measured is unknown
-    (None): `choose_width` prices it from measured neighbours."""
+    (None): `choose_width` prices it from measured neighbours.
 
-    def __init__(self, ema: float):
+    The machine's speed drifts (on the shared 2-core test VMs by tens of percent from
+    minute to minute, up to 2 x at one batch size and width within a run), and a width
+    other than the running one is timed only by a probe, hundreds of steps apart once
+    probes back off: a width last timed while the machine was fast would keep a price
+    that the running width, timed every step, no longer gets. With `track_speed`, the
+    cells are kept in units of the machine's speed (`speed`), and a timing of the width
+    that also ran the step before (at the same batch size, its cell settled) moves the
+    speed instead of its cell: by the ratio its price would have moved, so every width
+    follows the running one. Any other timing (a probe, the first steps after a switch)
+    moves its own cell. The running width's price is then exactly the average above,
+    and nothing feeds back. In the closed-loop simulation with the machine's speed
+    changing to 1-2.5 x every few hundred steps, the worst of 6 seeds rose from 0.961 to
+    0.988 of the best fixed width at batch 8 and from 0.936 to 0.977 at batch 16. A first
+    try, which moved a shared factor by the residual of each timing while the cell kept
+    learning too, ran away on the noisy CPU (the asymmetric average sits below the
+    typical timing, so the factor only grew: x 35 in 400 steps) and priced a rarely run
+    width 3-6 x too dear (benchmarks/results/speed-factor-runaway-fp32)."""
+
+    def __init__(self, ema: float, track_speed: bool = False):
         self.ema = float(ema)
+        self.track_speed = bool(track_speed)
+        self.speed = 1.0   # seconds per cell unit: the machine's slowness now
+        self.last: tuple[int, int] = (0, 0)   # (batch size, width) of the last timing
         # the samples whose median prices a new cell (3 at the default weight 0.3)
         self.settle = max(1, round(1.0 / self.ema))
-        self.cells: dict[int, dict[int, float]] = {}   # width -> {bs: seconds}
+        self.cells: dict[int, dict[int, float]] = {}   # width -> {bs: seconds at speed 1}
         self.samples: dict[tuple[int, int], int] = {}
         self.first: dict[tuple[int, int], list[float]] = {}   # cells still settling
 
@@ -307,23 +331,37 @@ class StepCosts:
         row = self.cells.setdefault(int(width), {})
         key = (int(bs), int(width))
         n = self.samples[key] = self.samples.get(key, 0) + 1
+        running, self.last = self.last == key, key
         if n <= self.settle:
             # a new cell: the median of its first samples, so that one stalled step among
             # them (another process on the core, a page fault) does not price a width
             first = self.first.setdefault(key, [])
-            first.append(seconds)
+            first.append(seconds / self.speed)
             row[int(bs)] = float(np.median(first))
             if n == self.settle:
                 del self.first[key]
             return
-        old = row[int(bs)]
-        if seconds < old:
-            row[int(bs)] = old + min(1.0, 2.0 * self.ema) * (seconds - old)
+        old = row[int(bs)] * self.speed
+        new = self._moved(old, seconds)
+        if running and self.track_speed:
+            self.speed *= new / old
         else:
-            row[int(bs)] = old + self.ema / 3.0 * (min(seconds, 1.5 * old) - old)
+            row[int(bs)] = new / self.speed
+
+    def _moved(self, old: float, seconds: float) -> float:
+        """A price after one more timing: a timing below it is news (weight 2 x ema), one
+        above it mostly noise (weight ema / 3, capped at 1.5 x the price)."""
+        if seconds < old:
+            return old + min(1.0, 2.0 * self.ema) * (seconds - old)
+        return old + self.ema / 3.0 * (min(seconds, 1.5 * old) - old)
 
     def predict(self, bs: int, width: int) -> Optional[float]:
-        bs, width = int(bs), int(width)
+        """Seconds of a step at (bs, width) at the machine's speed now; None if `width` was
+        never timed."""
+        price = self._price(int(bs), int(width))
+        return None if price is None else price * self.speed
+
+    def _price(self, bs: int, width: int) -> Optional[float]:
         row = self.cells.get(width)
         if not row:
             return None
@@ -332,7 +370,7 @@ class StepCosts:
         here = {w: r[bs] for w, r in self.cells.items() if bs in r}
         if not here:   # nothing measured at this batch size: every width at the nearest that was
             measured = {b for r in self.cells.values() for b in r}
-            return self.predict(min(measured, key=lambda b: (abs(b - bs), b)), width)
+            return self._price(min(measured, key=lambda b: (abs(b - bs), b)), width)
         for other in sorted(row, key=lambda b: (abs(b - bs), b)):
             refs = [w for w in here if other in self.cells[w]]
             if refs:
@@ -430,7 +468,7 @@ class AdaptiveWidth:
 
     def __post_init__(self):
         self.stats = AcceptanceStats(max(self.cfg.widths), self.cfg)
-        self.costs = StepCosts(self.cfg.cost_ema)
+        self.costs = StepCosts(self.cfg.cost_ema, self.cfg.track_speed)
         self.histogram = {w: 0 for w in self.cfg.widths}
 
     @property

@@ -352,3 +352,15 @@ def test_interleaved_ab_rates_each_server_over_its_own_wall_time():
     assert "| plain | 1 | 50.0 | 1.00x | 1.00 | - | yes |" in lines
     sampled = summary(runs, ["plain", "width 16"], [1], 1, ["header"], compare_texts=False)
     assert next(line for line in sampled if line.startswith("| width 16 |")).endswith("| - |")
+
+
+def test_cpu_label_names_the_instruction_sets_that_set_the_speed():
+    from benchmarks.machine import cpu_label, machine
+
+    assert cpu_label({"cpu": "AMD EPYC", "cpu_family": "23", "simd": ["avx2"]}) == \
+        "AMD EPYC (family 23; AVX2, no AVX-512, no AMX)"
+    assert cpu_label({"cpu": "Intel(R) Xeon(R) Platinum 8481C", "cpu_family": "6",
+                      "simd": ["avx2", "avx512f", "avx512_bf16", "amx_bf16"]}) == \
+        "Intel(R) Xeon(R) Platinum 8481C (family 6; AVX2, AVX-512 with bf16, AMX)"
+    info = machine()
+    assert cpu_label(info).startswith(info.get("cpu") or "unknown CPU")
