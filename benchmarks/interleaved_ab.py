@@ -9,7 +9,9 @@ output is compared with the plain server's (greedy: equal texts).
 Servers (`--servers`): `plain`; Domino pinned to one width (`--speculative-adaptive` with
 `{"widths": [16, W], "pin": [W]}`): `width 1, context late` (the draft's context written
 when the draft next needs it, `draft_context`, the default), `width 1, context every step`
-(`defer_context: false`, as 0.5.23 writes it), `width 16` and `width 8`; `adaptive` (the
+(`defer_context: false`, as 0.5.23 writes it), `width 1, verify path` (width 1 through
+0.5.23's verify at one token, `decode_step: false`, instead of the target's decode path),
+`width 16` and `width 8`; `adaptive` (the
 default policy) and `adaptive, prices as timed` (`track_speed: false`: each width keeps the
 price of its own last timings, not following the machine's speed). Float32 unless `--dtype`, the held-out requests, greedy unless `--temperature`.
 
@@ -40,6 +42,7 @@ SERVERS = {
     "plain": None,
     "width 1, context late": {"widths": [16, 1], "pin": [1]},
     "width 1, context every step": {"widths": [16, 1], "pin": [1], "defer_context": False},
+    "width 1, verify path": {"widths": [16, 1], "pin": [1], "decode_step": False},
     "width 16": {"widths": [16, 1], "pin": [16]},
     "width 8": {"widths": [16, 8], "pin": [8]},
     "adaptive": {},

@@ -8,7 +8,8 @@ bookkeeping, is upstream's, run unchanged:
     hook); the draft run on its own block where the verify window differs
     (`draft_block.DraftBlockRunner`); the verify-width policy (fixed or adaptive).
   * `forward_batch_generation`: each decode step at the width the policy chooses
-    (`width_switch.WidthSwitch`); with the q rule, sampled steps propose from q.
+    (`width_switch.WidthSwitch`), width 1 as the target's plain decode step where it runs
+    eagerly on CPU (`decode_step`); with the q rule, sampled steps propose from q.
   * `on_verify_complete_cpu`: the adaptive policy's acceptance counts; the proposals
     really verified, for the accept rate in the log (`metrics`).
   * `_append_target_hidden_to_draft_kv_by_loc`, `clear_cache_pool`: an adaptive width-1
@@ -47,6 +48,7 @@ from . import HF_WINDOW_ENV, draft_tail, env_flag, hooks, q_sampler, request_acc
 from . import settings as scheduler_settings
 from .checks import check_draft_against_target, read_draft_config, read_target_config
 from .cpu import dflash as cpu_dflash
+from .decode_step import DecodeStep
 from .draft_context import DeferredContext
 from .draft_block import DraftBlockRunner, reserve_draft_block
 from .sampled_rollout import SampledStep, active_step, sampled_step
@@ -104,6 +106,7 @@ class DominoDFlashWorker(DFlashWorkerV2):
         if adaptive is not None:
             hooks.install(hooks.ADAPTIVE_METRICS)
         self._context = self._deferred_context()
+        self._decode_step = self._width_one_decode_step()
         if self._is_domino:
             # the eager rollout's feedback embedding; width-1 steps; the q rule's rollout
             hooks.install(hooks.DOMINO_ROLLOUT)
@@ -132,6 +135,19 @@ class DominoDFlashWorker(DFlashWorkerV2):
             return None
         upstream_append = super()._append_target_hidden_to_draft_kv_by_loc
         return DeferredContext(upstream_append)
+
+    def _width_one_decode_step(self):
+        """Width-1 steps as plain decode steps (`decode_step`) where width 1 is among the
+        adaptive widths and the target runs eagerly on CPU; None: upstream's verify at one
+        token (the start-up log says why)."""
+        if 1 not in self.width_policy.widths or not self.width_policy.cfg.decode_step:
+            return None
+        reason = DecodeStep.why_not(self)
+        if reason is not None:
+            logger.info("sglang-domino adaptive verify: width-1 steps verify one token (%s)", reason)
+            return None
+        logger.info("sglang-domino adaptive verify: width-1 steps run the target's decode path")
+        return DecodeStep(self)
 
     def _resolve_draft_block(self, published, adaptive: bool) -> int:
         """`self.block_size` is the verify window, what the scheduler accounts in
@@ -180,7 +196,10 @@ class DominoDFlashWorker(DFlashWorkerV2):
         if context is not None:
             context.before_step(rids, width)
         with self._widths.at(width), self._clock.around_launch() as marks, self._keeping(width == 1, rids):
-            result = self._forward_with_q_rollout(batch, *args, **kwargs)
+            if width == 1 and self._decode_step is not None and DecodeStep.serves(batch):
+                result = self._decode_step.decode(batch, on_publish=kwargs.get("on_publish"))
+            else:
+                result = self._forward_with_q_rollout(batch, *args, **kwargs)
         self._in_flight.append((reqs, rids, width, marks))
         return result
 
