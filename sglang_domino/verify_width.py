@@ -18,7 +18,8 @@ verifies the bonus token alone: a plain decode step that skips the draft.
 Ties go to the narrower width (same throughput for less work). A fresh server starts at
 the widest width; after `probe_every` steps one step verifies a neighbouring width instead
 (wider and narrower in turn, at doubling intervals while the choice holds; a neighbour
-never measured is probed sooner), so acceptance
+never measured is probed sooner, and so is width 1 at a batch size far from any it was
+timed at), so acceptance
 beyond the chosen width and the cost of the next narrower one keep being measured, and
 the choice walks to a better width one neighbour at a time without a costly sweep of
 every width on a loaded server.
@@ -358,6 +359,10 @@ class StepCosts:
             return old + min(1.0, 2.0 * self.ema) * (seconds - old)
         return old + self.ema / 3.0 * (min(seconds, 1.5 * old) - old)
 
+    def timed_near(self, bs: int, width: int) -> bool:
+        """Whether `width` was timed at a batch size within a factor of 2 of `bs`."""
+        return any(0.5 < b / bs < 2.0 for b in self.cells.get(int(width), ()))
+
     def predict(self, bs: int, width: int) -> Optional[float]:
         """Seconds of a step at (bs, width) at the machine's speed now; None if `width` was
         never timed."""
@@ -528,11 +533,15 @@ class AdaptiveWidth:
         # of the first proposal, decayed): measure one position further every step
         if wider is not None and self.stats.positions and self.stats.server.tried[0] < self.cfg.probe_until:
             return wider
-        # width 1 never measured at all: it skips the draft, so its cost is not on the
-        # curve of the other widths (priced from them, it reads about as dear as width 2,
-        # and a walk down one neighbour at a time stalls wherever noisy timings make a
-        # narrower width look dearer): timed early, like an unmeasured neighbour
-        if width != 1 and 1 in self.widths and 1 not in self.costs.cells:
+        # width 1 never timed near this batch size (within a factor of 2): it skips the
+        # draft, so its cost is not on the curve of the other widths, at this batch size
+        # (priced from them, it reads about as dear as width 2, and a walk down one
+        # neighbour at a time stalls wherever noisy timings make a narrower width look
+        # dearer) nor across batch sizes (a drafting width's cost grows with bs x width,
+        # width 1's with bs: carried over from batch 1 to 16 by width 16's ratio it read
+        # several times too dear, benchmarks/results/adaptive-decode-step-bf16): timed
+        # early, like an unmeasured neighbour
+        if width != 1 and 1 in self.widths and not self.costs.timed_near(bs, 1):
             return 1 if self.steps % max(every // 4, 1) == 0 else None
         # a narrower neighbour never measured at all: its cost four times as often
         if narrower is not None and narrower not in self.costs.cells:

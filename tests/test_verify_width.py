@@ -435,6 +435,38 @@ def test_width_1_is_timed_early_and_found_where_the_draft_costs_most(seed):
     assert max(policy.histogram, key=policy.histogram.get) == 1, policy.histogram
 
 
+class VerifyBound(Simulated):
+    """bfloat16 on a CPU without AVX-512 (benchmarks/results/adaptive-decode-step-bf16):
+    every verified token is dear, so a request accepting most proposals is best served at
+    width 16 alone, while at a large batch of requests accepting fewer, width 1 (a plain
+    decode step: no draft, one token per request) is the best. Width 1's cost grows with
+    the batch far more slowly than a drafting width's, so carried over from another batch
+    size by a drafting width's ratio it reads several times too dear."""
+
+    def cost(self, bs, width):
+        return 1.0 + 0.1 * bs * width + (0.6 if width > 1 else 0.0)
+
+
+def test_width_1_is_timed_at_a_batch_size_far_from_where_it_was():
+    """Width 1 timed early at batch 1 (one request, width 16 best), then 16 requests where
+    width 1 is best: it is timed again there within a few steps instead of being priced
+    from batch 1, and runs almost every step after. Priced from batch 1 (before), the
+    policy walked down one neighbour at a time: 41 of the first 100 steps at width 1
+    (36 at width 2), 0.77 of the best over 300 steps against 0.84 now (the first steps at
+    width 16 before width 1 is timed cost 10 x a width-1 step here)."""
+    policy = AdaptiveWidth(AdaptiveWidthConfig())
+    light, heavy = VerifyBound([0.95]), VerifyBound([0.6] * 16)
+    light.run(policy, 200)
+    assert max(policy.histogram, key=policy.histogram.get) == 16 and 1 in policy.costs.cells[1], policy.histogram
+    policy.histogram = {w: 0 for w in WIDTHS}
+    best = max(WIDTHS, key=heavy.expected_rate)
+    assert best == 1
+    heavy.run(policy, 100)
+    assert policy.histogram[1] >= 80, policy.histogram
+    got = heavy.run(policy, 200)
+    assert got >= 0.9 * heavy.expected_rate(1), (got, heavy.expected_rate(1), policy.histogram)
+
+
 class Drifting(Simulated):
     """A machine whose speed changes every `period` time units or so (half to one and a
     half of it) to 1-2.5 x its fastest, as the shared test VMs' does from minute to minute."""
