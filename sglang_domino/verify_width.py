@@ -65,6 +65,9 @@ class AdaptiveWidthConfig(BaseModel):
     track_speed: bool = True
     probe_every: int = Field(32, ge=0)
     probe_until: float = Field(16.0, ge=0.0)
+    # the share of the time probes may lose against the choice (`AdaptiveWidth._afford`);
+    # 0: probes on schedule whatever they cost
+    probe_budget: float = Field(0.02, ge=0.0, lt=1.0)
     log_every_steps: int = Field(200, ge=1)
     # width-1 steps write the draft's context when the draft next needs it
     # (`sglang_domino.sglang.draft_context`); False: after every step, as upstream does
@@ -473,6 +476,7 @@ class AdaptiveWidth:
     interval: int = field(init=False, default=0)
     next_probe: int = field(init=False, default=0)
     repeat: tuple[int, int, int] = field(init=False, default=(0, 0, 0))   # (width, batch size, steps left)
+    debt: float = field(init=False, default=0.0)   # seconds probes lost, not yet earned back
 
     def __post_init__(self):
         self.stats = AcceptanceStats(max(self.cfg.widths), self.cfg)
@@ -503,6 +507,7 @@ class AdaptiveWidth:
         else:
             survivals = self.stats.survivals(rids)
             width, self.last_scores = choose_width(self.widths, survivals, lambda w: self.costs.predict(bs, w))
+            self._earn(bs, width)
             probe = self._probe(width, bs)
             width = probe if probe is not None else width
             # a width with fewer than `settle` timings at this batch size keeps running
@@ -532,7 +537,7 @@ class AdaptiveWidth:
         # a fresh server's acceptance is a few requests' worth (`probe_until` measurements
         # of the first proposal, decayed): measure one position further every step
         if wider is not None and self.stats.positions and self.stats.server.tried[0] < self.cfg.probe_until:
-            return wider
+            return self._afford(wider, width, bs)
         # width 1 never timed near this batch size (within a factor of 2): it skips the
         # draft, so its cost is not on the curve of the other widths, at this batch size
         # (priced from them, it reads about as dear as width 2, and a walk down one
@@ -542,22 +547,55 @@ class AdaptiveWidth:
         # several times too dear, benchmarks/results/adaptive-decode-step-bf16): timed
         # early, like an unmeasured neighbour
         if width != 1 and 1 in self.widths and not self.costs.timed_near(bs, 1):
-            return 1 if self.steps % max(every // 4, 1) == 0 else None
+            return self._afford(1, width, bs) if self.steps % max(every // 4, 1) == 0 else None
         # a narrower neighbour never measured at all: its cost four times as often
         if narrower is not None and narrower not in self.costs.cells:
-            return narrower if self.steps % max(every // 4, 1) == 0 else None
+            return self._afford(narrower, width, bs) if self.steps % max(every // 4, 1) == 0 else None
         # back off while probes confirm the choice (twice the interval each time, up to 8 x
         # `probe_every`); a new choice or a batch size twice or half the last one resets it
         if width != self.settled[0] or not 0.5 < bs / self.settled[1] < 2.0:
             self.settled, self.interval, self.next_probe = (width, bs), every, self.steps + every
         if self.steps < self.next_probe:
             return None
+        # wider and narrower in turn; a probe it cannot afford yet stays due
+        probe = wider if wider is not None and ((self.probes + 1) % 2 or narrower is None) else narrower
+        if probe is None or self._afford(probe, width, bs) is None:
+            return None
         self.next_probe = self.steps + self.interval
         self.interval = min(2 * self.interval, 8 * every)
-        self.probes += 1  # wider and narrower in turn
-        if wider is not None and (self.probes % 2 or narrower is None):
-            return wider
-        return narrower
+        self.probes += 1
+        return probe
+
+    def _earn(self, bs: int, width: int) -> None:
+        """Each scored step earns back `probe_budget` x the chosen width's price of the
+        time probes lost (see `_afford`)."""
+        if self.debt > 0.0:
+            price = self.costs.predict(bs, width)
+            self.debt = max(self.debt - self.cfg.probe_budget * (price or 0.0), 0.0)
+
+    def _afford(self, probe: int, width: int, bs: int) -> Optional[int]:
+        """`probe` if the time probes lost is earned back, else None (it waits).
+
+        A probe's loss is its expected tokens/s short of the choice's over its steps (it
+        runs until timed `settle` times at this batch size): price x (1 - its score / the
+        choice's). Where a plain decode step beats every drafting width, as bfloat16 at
+        batch 16 on a CPU without AVX-512, a probe of width 2 costs 3.5 x a width-1 step
+        and brings 0.56 of its tokens/s, and the doubling intervals alone kept probing
+        every time the batch halved. A probe of an unpriced or unscored width is free
+        (the policy knows nothing to weigh it by), and so is one as good as the choice;
+        what is owed is capped at the longest interval between probes (8 x `probe_every`
+        steps of the choice), so no probe waits longer than probes back off to anyway."""
+        budget = self.cfg.probe_budget
+        ours, theirs = self.last_scores.get(width), self.last_scores.get(probe)
+        price = self.costs.predict(bs, probe)
+        if not budget or not ours or theirs is None or price is None or theirs >= ours:
+            return probe
+        if self.debt > 0.0:
+            return None
+        runs = max(self.costs.settle - self.costs.samples.get((bs, probe), 0), 1)
+        cap = budget * 8 * self.cfg.probe_every * (self.costs.predict(bs, width) or price)
+        self.debt = min(price * (1.0 - theirs / ours) * runs, cap)
+        return probe
 
     def observe_step(self, rids: Sequence[str], width: int, accepted: Sequence[int]) -> None:
         """The proposals each request of a step at `width` had accepted (bonus excluded)."""
