@@ -477,6 +477,10 @@ class AdaptiveWidth:
     next_probe: int = field(init=False, default=0)
     repeat: tuple[int, int, int] = field(init=False, default=(0, 0, 0))   # (width, batch size, steps left)
     debt: float = field(init=False, default=0.0)   # seconds probes lost, not yet earned back
+    # expected tokens per request of the width `choose` returned (None: not scored, the
+    # width is still being timed); against what steps got: `tally`
+    last_expected: Optional[float] = field(init=False, default=None)
+    tallies: dict[int, list[float]] = field(init=False, default_factory=dict)
 
     def __post_init__(self):
         self.stats = AcceptanceStats(max(self.cfg.widths), self.cfg)
@@ -500,8 +504,10 @@ class AdaptiveWidth:
         if self.cfg.pin is not None:
             width = self.cfg.pin[(self.steps - 1) % len(self.cfg.pin)]
             self.histogram[width] += 1
+            self.last_expected = self._expected(self.stats.survivals(rids), width, bs)
             return width
         repeat = self._repeat(bs)
+        self.last_expected = None
         if repeat is not None:   # no scoring: the width is still being timed
             width = repeat
         else:
@@ -510,6 +516,7 @@ class AdaptiveWidth:
             self._earn(bs, width)
             probe = self._probe(width, bs)
             width = probe if probe is not None else width
+            self.last_expected = self._expected(survivals, width, bs)
             # a width with fewer than `settle` timings at this batch size keeps running
             # until it has them: a probe (or a choice priced from a neighbour) timed once,
             # on a stalled step, would otherwise keep that price until the next probe,
@@ -518,6 +525,13 @@ class AdaptiveWidth:
             self.repeat = (width, bs, max(self.costs.settle - have - 1, 0))
         self.histogram[width] += 1
         return width
+
+    @staticmethod
+    def _expected(survivals, width: int, bs: int) -> Optional[float]:
+        """Expected tokens per request at `width`: 1 + the batch's mean S(1) + ... + S(w - 1)."""
+        if not bs:
+            return None
+        return 1.0 + float(np.asarray(survivals)[:, : width - 1].sum()) / bs
 
     def _repeat(self, bs: int) -> Optional[int]:
         """The width still being timed at this batch size (see `choose`), if any."""
@@ -605,7 +619,24 @@ class AdaptiveWidth:
     def observe_cost(self, bs: int, width: int, seconds: float) -> None:
         self.costs.observe(bs, width, seconds)
 
+    def tally(self, width: int, expected: float, accepted: Sequence[int]) -> None:
+        """A scored step's expected tokens per request (`last_expected` when it was chosen)
+        against what its requests got (`accepted` proposals each, plus the bonus), summed
+        over request-steps as a client counts tokens per verify step (a request the step
+        overran, finished in the step before under overlap scheduling, counts here and not
+        there): what `describe` reports, to tell a biased acceptance estimate from a biased
+        price."""
+        n = len(accepted)
+        t = self.tallies.setdefault(int(width), [0.0, 0.0, 0.0])   # request-steps, expected, got
+        t[0] += n
+        t[1] += float(expected) * n
+        t[2] += n + sum(accepted)
+
     def describe(self) -> str:
         steps = sum(self.histogram.values())
         hist = ", ".join(f"{w}: {n}" for w, n in sorted(self.histogram.items(), reverse=True))
-        return f"{steps} decode steps by verify width {{{hist}}}"
+        text = f"{steps} decode steps by verify width {{{hist}}}"
+        if self.tallies:
+            got = ", ".join(f"{w}: {e / n:.2f} / {r / n:.2f}" for w, (n, e, r) in sorted(self.tallies.items(), reverse=True))
+            text += f"; tokens per request and step by width, expected / got, over scored steps {{{got}}}"
+        return text

@@ -610,3 +610,22 @@ def test_adaptive_policy_keeps_the_best_width_on_a_drifting_machine(rates):
         got = Drifting(rates, seed=seed, stalls=0.1).run_for(AdaptiveWidth(AdaptiveWidthConfig()), 3000)
         ratios.append(got / best)
     assert min(ratios) >= 0.965 and sum(ratios) / len(ratios) >= 0.975, ratios
+
+
+def test_the_log_compares_expected_and_measured_tokens_per_step():
+    """`describe` reports, per width, the tokens per request and step the policy expected
+    when it chose against what the steps got: on requests accepting every proposal with
+    rate 0.9, width 16 expects 1 + 0.9 + ... + 0.9 ** 15 = 8.15 once measured."""
+    policy = AdaptiveWidth(AdaptiveWidthConfig(pin=[16]))
+    sim = Simulated([0.9] * 4, seed=1)
+    rids = [f"r{i}" for i in range(4)]
+    for _ in range(400):
+        width = policy.choose(rids)
+        accepted = [sim.accepted(0.9, width) for _ in rids]
+        policy.observe_step(rids, width, accepted)
+        policy.tally(width, policy.last_expected, accepted)
+    n, expected, got = policy.tallies[16]
+    assert n == 1600   # request-steps
+    truth = sum(0.9 ** k for k in range(16))
+    assert abs(got / n - truth) < 0.3 and abs(expected / n - truth) < 0.3, (expected / n, got / n, truth)
+    assert "expected / got" in policy.describe() and "16: " in policy.describe()

@@ -200,7 +200,7 @@ class DominoDFlashWorker(DFlashWorkerV2):
                 result = self._decode_step.decode(batch, on_publish=kwargs.get("on_publish"))
             else:
                 result = self._forward_with_q_rollout(batch, *args, **kwargs)
-        self._in_flight.append((reqs, rids, width, marks))
+        self._in_flight.append((reqs, rids, width, marks, self.width_policy.last_expected))
         return result
 
     @contextlib.contextmanager
@@ -238,7 +238,7 @@ class DominoDFlashWorker(DFlashWorkerV2):
         super().on_verify_complete_cpu(num_correct_drafts_per_req, batch_size=batch_size)
         if not self._in_flight:
             return
-        reqs, rids, width, marks = self._in_flight.popleft()
+        reqs, rids, width, marks, expected = self._in_flight.popleft()
         self.drafts_proposed += len(num_correct_drafts_per_req) * (width - 1)
         request_accept.count_proposals(reqs, width)   # each request's accept rate in meta_info
         seconds = self._clock.elapsed(marks)
@@ -247,6 +247,8 @@ class DominoDFlashWorker(DFlashWorkerV2):
         if width > 1 and len(rids) == len(num_correct_drafts_per_req):
             # a width-1 step proposes nothing: no acceptance to learn from
             self.width_policy.observe_step(rids, width, num_correct_drafts_per_req)
+            if expected is not None:
+                self.width_policy.tally(width, expected, num_correct_drafts_per_req)
 
     def _choose_width(self, rids) -> int:
         policy = self.width_policy
