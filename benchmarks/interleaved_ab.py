@@ -47,6 +47,9 @@ SERVERS = {
     "width 8": {"widths": [16, 8], "pin": [8]},
     "adaptive": {},
     "adaptive, prices as timed": {"track_speed": False},
+    # each request's acceptance pulled harder towards the server's (32 pseudo-counts, not 4)
+    "adaptive, prior weight 32": {"prior_weight": 32.0},
+    "adaptive, prior weight 32, slow decay": {"prior_weight": 32.0, "request_decay": 0.97},
 }
 
 
