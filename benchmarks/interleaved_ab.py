@@ -31,6 +31,7 @@ import json
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Optional
 
 from .machine import cpu_label, machine
 from .profile_step import add_load_arguments, bench_config, render_prompts
@@ -51,6 +52,18 @@ SERVERS = {
     "adaptive, prior weight 32": {"prior_weight": 32.0},
     "adaptive, prior weight 32, slow decay": {"prior_weight": 32.0, "request_decay": 0.97},
 }
+# the same servers with one OpenMP thread (docs/cpu-profile.md: on 2 cores the second
+# thread waits on the first at every small op)
+ONE_THREAD = ", 1 thread"
+SERVERS.update({name + ONE_THREAD: SERVERS[name] for name in ("plain", "width 16", "adaptive")})
+
+
+def server_env(name: str) -> Optional[dict]:
+    """The environment of server `name` (None: this process's)."""
+    if name.endswith(ONE_THREAD):
+        return {**os.environ, "OMP_NUM_THREADS": "1"}
+    return None
+
 
 
 @contextlib.contextmanager
@@ -70,7 +83,7 @@ def serve(cfg, name: str, out: str):
         extra += ("--speculative-adaptive", "--speculative-adaptive-config", path)
     port = free_port()
     with start(cfg.launch_command(port, draft, extra), port, os.path.join(out, f"server-{slug}.log"),
-               cfg.server_timeout) as server:
+               cfg.server_timeout, env=server_env(name)) as server:
         yield server.url
 
 

@@ -364,3 +364,12 @@ def test_cpu_label_names_the_instruction_sets_that_set_the_speed():
         "Intel(R) Xeon(R) Platinum 8481C (family 6; AVX2, AVX-512 with bf16, AMX)"
     info = machine()
     assert cpu_label(info).startswith(info.get("cpu") or "unknown CPU")
+
+
+def test_interleaved_ab_one_thread_servers_differ_only_in_their_openmp_threads():
+    from benchmarks.interleaved_ab import SERVERS, server_env
+
+    for name in ("plain", "width 16", "adaptive"):
+        assert SERVERS[name + ", 1 thread"] == SERVERS[name]
+        assert server_env(name + ", 1 thread")["OMP_NUM_THREADS"] == "1"
+        assert server_env(name) is None   # the benchmark's own environment
