@@ -55,13 +55,18 @@ SERVERS = {
 # the same servers with one OpenMP thread (docs/cpu-profile.md: on 2 cores the second
 # thread waits on the first at every small op)
 ONE_THREAD = ", 1 thread"
+# the same servers with the Domino rollout compiled (sglang_domino/sglang/cpu/rollout.py, opt-in)
+COMPILED_ROLLOUT = ", compiled rollout"
 SERVERS.update({name + ONE_THREAD: SERVERS[name] for name in ("plain", "width 16", "adaptive")})
+SERVERS.update({name + COMPILED_ROLLOUT: SERVERS[name] for name in ("width 16", "adaptive")})
 
 
 def server_env(name: str) -> Optional[dict]:
     """The environment of server `name` (None: this process's)."""
     if name.endswith(ONE_THREAD):
         return {**os.environ, "OMP_NUM_THREADS": "1"}
+    if name.endswith(COMPILED_ROLLOUT):
+        return {**os.environ, "SGLANG_DOMINO_CPU_ROLLOUT": "compiled"}
     return None
 
 

@@ -373,3 +373,11 @@ def test_interleaved_ab_one_thread_servers_differ_only_in_their_openmp_threads()
         assert SERVERS[name + ", 1 thread"] == SERVERS[name]
         assert server_env(name + ", 1 thread")["OMP_NUM_THREADS"] == "1"
         assert server_env(name) is None   # the benchmark's own environment
+
+
+def test_interleaved_ab_compiled_rollout_servers_switch_it_on():
+    from benchmarks.interleaved_ab import SERVERS, server_env
+
+    for name in ("width 16", "adaptive"):
+        assert SERVERS[name + ", compiled rollout"] == SERVERS[name]
+        assert server_env(name + ", compiled rollout")["SGLANG_DOMINO_CPU_ROLLOUT"] == "compiled"

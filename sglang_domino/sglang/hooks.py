@@ -268,7 +268,7 @@ PATCHES: tuple[Patch, ...] = (
           params=("forward_batch", "pp_proxy_tensors")),
     Patch("domino_rollout", f"{_W2}.domino_greedy_rollout", "rollout_hook:around_domino_rollout", Kind.AROUND,
           DOMINO_ROLLOUT, "width-1 steps propose nothing; the eager feedback embedding looked up plainly; "
-          "the q rule's sampled rollout",
+          "the q rule's sampled rollout; on CPU, opt-in, the greedy rollout compiled",
           params=("draft_hidden", "lm_head_weight", "vocab_size", "shift_label", "tp_group", "lm_head_num_org_padded",
                   "candidate_pool_size", "bonus_tokens", "target_embedding", "prefix_gru", "embed_proj",
                   "in_cuda_graph")),

@@ -25,6 +25,7 @@ Columns 0..n-1 are the proposals' coins, n..2n the acceptance's.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import threading
 from dataclasses import dataclass
@@ -123,11 +124,24 @@ class UpstreamDominoHead:
     """`propose_domino`'s draft interface over 0.5.23's Domino modules (`prefix_gru`,
     `embed_proj`, `models/dflash.py`), the same math as `sglang_domino.model.DraftModel`.
     With a candidate pool [bs, K] the correction is computed on the pool only (the pool's
-    rows of the bias-free output layer), as upstream's greedy pool rollout does."""
+    rows of the bias-free output layer), as upstream's greedy pool rollout does.
+
+    The GRU is held as its weights and run one cell step at a time, the prefix included
+    (from a zero state, as `nn.GRU` starts): the same recurrence, and one `torch.compile`
+    can trace (it refuses `nn.GRU` modules; `sglang_domino.sglang.cpu.rollout`)."""
 
     def __init__(self, prefix_gru, embed_proj, pool_ids: Optional[torch.Tensor] = None):
-        self.gru, self.proj = prefix_gru, embed_proj
+        self.proj = embed_proj
+        self.size = int(prefix_gru.hidden_size)
+        self.w_ih, self.w_hh = prefix_gru.weight_ih_l0, prefix_gru.weight_hh_l0
+        self.b_ih, self.b_hh = getattr(prefix_gru, "bias_ih_l0", None), getattr(prefix_gru, "bias_hh_l0", None)
         self.pool_weight = None if pool_ids is None else F.embedding(pool_ids, embed_proj[2].weight)
+
+    def pooled(self, pool_ids: torch.Tensor) -> "UpstreamDominoHead":
+        """This head with its correction on the candidate pool [bs, K]."""
+        head = copy.copy(self)
+        head.pool_weight = F.embedding(pool_ids, self.proj[2].weight)
+        return head
 
     def correction(self, z: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
         hidden = self.proj[1](self.proj[0](torch.cat((z, state.to(z.dtype)), dim=-1)))
@@ -136,16 +150,18 @@ class UpstreamDominoHead:
         return torch.bmm(self.pool_weight, hidden.unsqueeze(-1)).squeeze(-1)
 
     def run_gru(self, embeds: torch.Tensor) -> torch.Tensor:
-        out, _ = self.gru(embeds.to(self.gru.weight_ih_l0.dtype))
-        return out
+        state = embeds.new_zeros((embeds.shape[0], self.size), dtype=self.w_ih.dtype)
+        states = []
+        for t in range(int(embeds.shape[1])):
+            state = self.gru_step(embeds[:, t], state)
+            states.append(state)
+        return torch.stack(states, dim=1)
 
     def gru_step(self, embed: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
         # one feedback token: the GRU's cell op on its own weights, as upstream's
         # `_domino_gru_cell` (bias-free Domino GRU: the biases are None)
-        gru = self.gru
-        return torch.ops.aten.gru_cell.default(embed.to(gru.weight_ih_l0.dtype), state, gru.weight_ih_l0,
-                                               gru.weight_hh_l0, getattr(gru, "bias_ih_l0", None),
-                                               getattr(gru, "bias_hh_l0", None))
+        return torch.ops.aten.gru_cell.default(embed.to(self.w_ih.dtype), state, self.w_ih, self.w_hh, self.b_ih,
+                                               self.b_hh)
 
 
 @dataclass
@@ -230,20 +246,29 @@ def candidate_pool(base: torch.Tensor, vocab: int, pool_size: int) -> Optional[t
     return None
 
 
+def rollout_inputs(*, draft_hidden, vocab_size, candidate_pool_size, **base_args):
+    """(z [bs, n, H], the first proposal's logits [bs, V], the later ones' [bs, n-1, K or V],
+    the candidate pool [bs, K] or None) from a block's draft hidden states, as upstream's
+    rollout computes them."""
+    z, base = base_logits(draft_hidden=draft_hidden, vocab_size=vocab_size, **base_args)
+    pool = candidate_pool(base, int(vocab_size), int(candidate_pool_size))
+    rest = base[:, 1:]
+    if pool is not None:
+        rest = rest.gather(2, pool[:, None, :].expand(-1, rest.shape[1], -1))
+    return z, base[:, 0], rest, pool
+
+
 def q_rollout(params: DraftParams, coins: torch.Tensor, *, draft_hidden, bonus_tokens, target_embedding,
               prefix_gru, embed_proj, vocab_size, candidate_pool_size, hints: QHints = QHints(),
               **base_args) -> QDraft:
     """The q rule's rollout over a block's draft hidden states [bs, B, H] (upstream's
     `domino_greedy_rollout` arguments): proposals drawn with `coins` [bs, n] under
     `params`, and their q. Fixed shapes, no host sync (a CUDA graph holds it)."""
-    z, base = base_logits(draft_hidden=draft_hidden, vocab_size=vocab_size, **base_args)
-    pool = candidate_pool(base, int(vocab_size), int(candidate_pool_size))
-    rest = base[:, 1:]
-    if pool is not None:
-        rest = rest.gather(2, pool[:, None, :].expand(-1, rest.shape[1], -1))
+    z, first, rest, pool = rollout_inputs(draft_hidden=draft_hidden, vocab_size=vocab_size,
+                                          candidate_pool_size=candidate_pool_size, **base_args)
     pick = QPick(params, coins, pool, hints)
     head = UpstreamDominoHead(prefix_gru, embed_proj, pool)
-    tokens = propose_domino(z, (base[:, 0], rest), bonus_tokens, target_embedding, head, pick).tokens
+    tokens = propose_domino(z, (first, rest), bonus_tokens, target_embedding, head, pick).tokens
     return pick.draft(tokens)
 
 

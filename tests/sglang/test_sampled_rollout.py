@@ -144,22 +144,24 @@ def test_sampled_rollout_through_a_vocab_parallel_head_matches_one_rank(inputs, 
     assert torch.equal(out[0], single) and torch.equal(out[1], single)
 
 
-def test_rollout_hook_embeds_feedback_plainly_and_answers_a_one_slot_block(inputs):
+def test_rollout_hook_embeds_feedback_plainly_and_answers_a_one_slot_block(inputs, monkeypatch):
     """The hook on upstream's rollout: a single-rank unquantized `VocabParallelEmbedding` is
     looked up with `F.embedding` on its weight (anything else is left alone), the greedy
-    rollout's tokens unchanged; a one-slot block (an adaptive width-1 step) proposes nothing."""
+    rollout's tokens unchanged; a one-slot block (an adaptive width-1 step) proposes nothing.
+    (Upstream's eager rollout on CPU: the compiled one switched off, tests/sglang/test_cpu_rollout.py.)"""
     from sglang.srt.layers.quantization.unquant import UnquantizedEmbeddingMethod
 
-    from sglang_domino.sglang.rollout_hook import around_domino_rollout, plain_embedding
+    from sglang_domino.sglang.cpu import rollout as cpu_rollout
+    from sglang_domino.sglang.rollout_hook import around_domino_rollout, embedding_weight
 
+    monkeypatch.setenv(cpu_rollout.MODE_ENV, "eager")
     mods, hidden, bonus = inputs
     weight = mods[1].weight
     layer = SimpleNamespace(tp_size=1, output_dtype=None, quant_method=UnquantizedEmbeddingMethod(), weight=weight)
-    ids = torch.tensor([[3, 7], [0, V - 1]])
-    assert torch.equal(plain_embedding(layer)(ids), torch.nn.functional.embedding(ids, weight))
+    assert embedding_weight(layer) is weight
     for other in (SimpleNamespace(**{**vars(layer), "tp_size": 2}),
                   SimpleNamespace(**{**vars(layer), "output_dtype": torch.float16}), mods[1]):
-        assert plain_embedding(other) is other
+        assert embedding_weight(other) is None
     seen = []
 
     def upstream(**kw):

@@ -1,0 +1,121 @@
+"""The greedy Domino rollout compiled on CPU (issue 20: a compiled CPU step, the draft side).
+
+0.5.23 runs `domino_greedy_rollout` eagerly wherever no CUDA graph holds the draft, so on
+CPU every decode step pays about 75 small ops (the GRU over the bonus and first
+proposal, then one correction and one GRU cell per later proposal) in Python. Here the
+same rollout, the project's one (`sglang_domino.rollout.propose_domino` over
+`sampled_rollout.UpstreamDominoHead`, picking argmaxes), runs under `torch.compile`:
+test bed sizes, 2-core Intel Xeon, 0.85 ms against upstream's 1.7 ms at batch 1 and 2.0
+against 3.1 ms at batch 8, the same proposals (`tests/sglang/test_cpu_rollout.py`).
+
+Only proposals change hands here, never what is committed: the target verifies them, so
+a different float rounding in the compiled code could cost acceptance, not exactness.
+
+Compiled per block length (the loop over proposals unrolls), shapes dynamic in the batch
+(one graph for batch 1, one for the rest): two graphs per verify width, compiled on first
+use (1-12 s each at the test bed's size on 2 cores). Single-rank drafts with a plain
+embedding only; anything else runs upstream's eager rollout.
+
+Opt-in (`SGLANG_DOMINO_CPU_ROLLOUT=compiled`; the default is `eager`, upstream's): nothing
+compiles it at start-up yet, and an adaptive server that meets its widths' compiles in the
+middle of serving lost up to 9 x in its first round in bfloat16 (the compiles' seconds,
+and the step costs they left in its prices), while in bfloat16 a fixed width gained
+nothing (0.98-1.02 x); in float32 a fixed width 16 gained 1.08-1.15 x
+(docs/cpu.md#the-domino-rollout-compiled-on-cpu).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from ...rollout import propose_domino
+from .. import sampled_rollout
+
+MODE_ENV = "SGLANG_DOMINO_CPU_ROLLOUT"
+MODES = ("eager", "compiled")   # the first is the default
+# graphs per block length: batch 1 and the dynamic batch; the adaptive widths and the
+# window bring up to 5 block lengths, more than torch's default of 8 graphs per function
+RECOMPILE_LIMIT = 16
+
+
+def mode() -> str:
+    value = os.environ.get(MODE_ENV, MODES[0]).strip().lower() or MODES[0]
+    if value not in MODES:
+        raise ValueError(f"{MODE_ENV}={value!r}: expected one of {', '.join(MODES)}")
+    return value
+
+
+class GreedyPick:
+    """`propose_domino`'s Pick: the argmax, mapped through the candidate pool for the
+    proposals after the first (as upstream's greedy pool rollout)."""
+
+    def __init__(self, pool_ids: Optional[torch.Tensor]):
+        self.pool_ids = pool_ids
+
+    def __call__(self, logits: torch.Tensor, k: int):
+        index = logits.argmax(-1)
+        if k > 0 and self.pool_ids is not None:
+            return self.pool_ids.gather(1, index[:, None])[:, 0], None
+        return index, None
+
+
+class CompiledRollout:
+    """One Domino draft's greedy rollout under `torch.compile` (its modules held here, so
+    that the compiled function sees no `nn.GRU`)."""
+
+    def __init__(self, prefix_gru, embed_proj):
+        self.head = sampled_rollout.UpstreamDominoHead(prefix_gru, embed_proj)
+        self.embed_proj = embed_proj
+        limit = torch._dynamo.config.recompile_limit
+        torch._dynamo.config.recompile_limit = max(limit, RECOMPILE_LIMIT)
+        self._compiled = torch.compile(self._rollout, dynamic=True)
+
+    def _rollout(self, draft_hidden, bonus_tokens, embed_weight, lm_head_weight, vocab_size: int,
+                 shift_label: bool, candidate_pool_size: int) -> torch.Tensor:
+        z, first, rest, pool = sampled_rollout.rollout_inputs(
+            draft_hidden=draft_hidden, lm_head_weight=lm_head_weight, vocab_size=vocab_size,
+            shift_label=shift_label, candidate_pool_size=candidate_pool_size)
+        head = self.head if pool is None else self.head.pooled(pool)
+        return propose_domino(z, (first, rest), bonus_tokens, lambda ids: F.embedding(ids, embed_weight), head,
+                              GreedyPick(pool)).tokens
+
+    def __call__(self, *, draft_hidden, bonus_tokens, embed_weight, lm_head_weight, vocab_size, shift_label,
+                 candidate_pool_size) -> torch.Tensor:
+        return self._compiled(draft_hidden, bonus_tokens, embed_weight, lm_head_weight, int(vocab_size),
+                              bool(shift_label), int(candidate_pool_size))
+
+
+_rollouts: dict[int, CompiledRollout] = {}
+
+
+def rollout_for(prefix_gru, embed_proj) -> CompiledRollout:
+    """The draft's compiled rollout, built once per draft (keyed by its GRU module)."""
+    key = id(prefix_gru)
+    if key not in _rollouts:
+        _rollouts[key] = CompiledRollout(prefix_gru, embed_proj)
+    return _rollouts[key]
+
+
+def eligible(kwargs: dict, embed_weight: Optional[torch.Tensor]) -> bool:
+    """Whether this eager rollout call can run compiled: on CPU, one rank, a plain
+    embedding, and switched on."""
+    hidden, tp = kwargs.get("draft_hidden"), kwargs.get("tp_group")
+    return (embed_weight is not None and hidden is not None and hidden.device.type == "cpu"
+            and (tp is None or int(getattr(tp, "world_size", 1)) == 1) and kwargs.get("prefix_gru") is not None
+            and mode() == "compiled")
+
+
+def greedy_rollout(embed_weight: torch.Tensor, **kwargs) -> torch.Tensor:
+    """Upstream's `domino_greedy_rollout` arguments and result ([bs, n] proposals), compiled."""
+    rollout = rollout_for(kwargs["prefix_gru"], kwargs["embed_proj"])
+    return rollout(draft_hidden=kwargs["draft_hidden"], bonus_tokens=kwargs["bonus_tokens"],
+                   embed_weight=embed_weight, lm_head_weight=kwargs["lm_head_weight"],
+                   vocab_size=kwargs["vocab_size"], shift_label=kwargs["shift_label"],
+                   candidate_pool_size=kwargs["candidate_pool_size"])
+
+
+__all__ = ["CompiledRollout", "GreedyPick", "MODE_ENV", "eligible", "greedy_rollout", "mode", "rollout_for"]
