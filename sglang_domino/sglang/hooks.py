@@ -543,6 +543,11 @@ DEPENDS: tuple[Dependency, ...] = (
     Dependency(f"{_S}.managers.tp_worker.TpModelWorker.get_worker_info",
                "the third value is the model runner's max_running_requests after every cap; `Scheduler.__init__` "
                "unpacks it into `Scheduler.max_running_requests`, which the report reads"),
+    # -- the compiled CPU rollout's warm-up (issue 20) --------------------------------------
+    Dependency(f"{_W2}._resolve_dflash_embedding_module",
+               "the embedding the eager Domino rollout is given, found as the step finds it (`warmup.warm_cpu_rollout`)",
+               params=("draft_model", "target_model")),
+    Dependency(f"{_S}.lora.layers.unwrap_lora_layer", "the step's embedding and lm_head without a LoRA wrapper"),
 )
 
 

@@ -93,4 +93,47 @@ def _warm_chain_accept(n: int, vocab: int, pool_size: int, device) -> None:
                  q_first, pool_ids, q_rest, probs, uniforms)
 
 
-__all__ = ["warm_step_kernels"]
+def warm_cpu_rollout(worker, blocks: Sequence[int]) -> list[tuple[int, int]]:
+    """With the compiled CPU rollout switched on (`cpu.rollout`, `SGLANG_DOMINO_CPU_ROLLOUT=compiled`):
+    its graphs for every block length the draft proposes from (batch 1 and the dynamic
+    batch), compiled before the first request. Compiled in the middle of serving instead,
+    each costs seconds, and an adaptive server prices the width whose step paid them from
+    that step. Returns the (block, batch size) calls made; none when the rollout is not
+    compiled or the call would not be eligible."""
+    from .cpu import rollout as cpu_rollout
+
+    draft = worker.draft_model
+    if cpu_rollout.mode() != "compiled" or getattr(draft, "prefix_gru", None) is None:
+        return []
+    from sglang.srt.distributed import get_parallel
+    from sglang.srt.lora.layers import unwrap_lora_layer
+    from sglang.srt.speculative.dflash_worker_v2 import _resolve_dflash_embedding_module
+
+    from .rollout_hook import embedding_weight
+
+    target = worker.target_worker.model_runner.model
+    weight = embedding_weight(unwrap_lora_layer(_resolve_dflash_embedding_module(draft, target)))
+    lm_head = unwrap_lora_layer(getattr(target, "lm_head", None))
+    if weight is None or getattr(lm_head, "weight", None) is None:
+        return []
+    device, hidden_size = lm_head.weight.device, int(lm_head.weight.shape[1])
+    args = dict(lm_head_weight=lm_head.weight, vocab_size=int(worker.model_runner.model_config.vocab_size),
+                shift_label=bool(draft.shift_label), candidate_pool_size=int(worker.domino_candidate_pool_size),
+                prefix_gru=draft.prefix_gru, embed_proj=draft.embed_proj, tp_group=get_parallel().tp_group)
+    calls: list[tuple[int, int]] = []
+    tic = time.perf_counter()
+    for block in sorted({int(b) for b in blocks if int(b) > 1}, reverse=True):
+        for bs in (1, 2):
+            hidden = torch.zeros((bs, block, hidden_size), dtype=draft.prefix_gru.weight_ih_l0.dtype, device=device)
+            kwargs = dict(args, draft_hidden=hidden, bonus_tokens=torch.zeros(bs, dtype=torch.int64, device=device))
+            if not cpu_rollout.eligible(kwargs, weight):
+                return calls
+            cpu_rollout.greedy_rollout(weight, **kwargs)
+            calls.append((block, bs))
+    if calls:
+        logger.info("sglang-domino warm-up: the compiled Domino rollout at blocks %s in %.1f s",
+                    sorted({b for b, _ in calls}, reverse=True), time.perf_counter() - tic)
+    return calls
+
+
+__all__ = ["warm_cpu_rollout", "warm_step_kernels"]

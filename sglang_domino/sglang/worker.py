@@ -388,6 +388,9 @@ class DominoDFlashWorker(DFlashWorkerV2):
         if not self._on_cpu:
             warmup.warm_step_kernels(self, self.width_policy.widths,
                                      q_rule=self.q_rule and torch.device(self.device).type == "cuda")
+        elif self._is_domino:
+            # the opt-in compiled rollout's graphs at every block it proposes from
+            warmup.warm_cpu_rollout(self, [*self.width_policy.widths, int(self.draft_block)])
 
     def _free_memory_gb(self) -> float:
         from sglang.srt.utils.common import get_available_gpu_memory

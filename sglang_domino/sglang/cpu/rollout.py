@@ -16,12 +16,12 @@ Compiled per block length (the loop over proposals unrolls), shapes dynamic in t
 use (1-12 s each at the test bed's size on 2 cores). Single-rank drafts with a plain
 embedding only; anything else runs upstream's eager rollout.
 
-Opt-in (`SGLANG_DOMINO_CPU_ROLLOUT=compiled`; the default is `eager`, upstream's): nothing
-compiles it at start-up yet, and an adaptive server that meets its widths' compiles in the
-middle of serving lost up to 9 x in its first round in bfloat16 (the compiles' seconds,
-and the step costs they left in its prices), while in bfloat16 a fixed width gained
-nothing (0.98-1.02 x); in float32 a fixed width 16 gained 1.08-1.15 x
-(docs/cpu.md#the-domino-rollout-compiled-on-cpu).
+Opt-in (`SGLANG_DOMINO_CPU_ROLLOUT=compiled`; the default is `eager`, upstream's): an
+adaptive server with it lost up to 5-9 x in its first round, with its graphs compiled in
+the middle of serving and again with them compiled at start-up (`warmup.warm_cpu_rollout`),
+for a reason not found yet; in bfloat16 a fixed width gained nothing (0.98-1.02 x), in
+float32 a fixed width 16 gained 1.01-1.17 x over two runs
+(docs/cpu.md#the-domino-rollout-compiled-on-cpu-opt-in).
 """
 
 from __future__ import annotations
