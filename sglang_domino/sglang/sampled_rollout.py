@@ -130,15 +130,17 @@ class UpstreamDominoHead:
     (from a zero state, as `nn.GRU` starts): the same recurrence, and one `torch.compile`
     can trace (it refuses `nn.GRU` modules; `sglang_domino.sglang.cpu.rollout`)."""
 
-    def __init__(self, prefix_gru, embed_proj, pool_ids: Optional[torch.Tensor] = None):
+    def __init__(self, prefix_gru, embed_proj):
         self.proj = embed_proj
         self.size = int(prefix_gru.hidden_size)
         self.w_ih, self.w_hh = prefix_gru.weight_ih_l0, prefix_gru.weight_hh_l0
         self.b_ih, self.b_hh = getattr(prefix_gru, "bias_ih_l0", None), getattr(prefix_gru, "bias_hh_l0", None)
-        self.pool_weight = None if pool_ids is None else F.embedding(pool_ids, embed_proj[2].weight)
+        self.pool_weight = None
 
-    def pooled(self, pool_ids: torch.Tensor) -> "UpstreamDominoHead":
-        """This head with its correction on the candidate pool [bs, K]."""
+    def pooled(self, pool_ids: Optional[torch.Tensor]) -> "UpstreamDominoHead":
+        """This head with its correction on the candidate pool [bs, K] (itself without one)."""
+        if pool_ids is None:
+            return self
         head = copy.copy(self)
         head.pool_weight = F.embedding(pool_ids, self.proj[2].weight)
         return head
@@ -267,7 +269,7 @@ def q_rollout(params: DraftParams, coins: torch.Tensor, *, draft_hidden, bonus_t
     z, first, rest, pool = rollout_inputs(draft_hidden=draft_hidden, vocab_size=vocab_size,
                                           candidate_pool_size=candidate_pool_size, **base_args)
     pick = QPick(params, coins, pool, hints)
-    head = UpstreamDominoHead(prefix_gru, embed_proj, pool)
+    head = UpstreamDominoHead(prefix_gru, embed_proj).pooled(pool)
     tokens = propose_domino(z, (first, rest), bonus_tokens, target_embedding, head, pick).tokens
     return pick.draft(tokens)
 

@@ -69,7 +69,6 @@ class CompiledRollout:
 
     def __init__(self, prefix_gru, embed_proj):
         self.head = sampled_rollout.UpstreamDominoHead(prefix_gru, embed_proj)
-        self.embed_proj = embed_proj
         limit = torch._dynamo.config.recompile_limit
         torch._dynamo.config.recompile_limit = max(limit, RECOMPILE_LIMIT)
         self._compiled = torch.compile(self._rollout, dynamic=True)
@@ -79,12 +78,13 @@ class CompiledRollout:
         z, first, rest, pool = sampled_rollout.rollout_inputs(
             draft_hidden=draft_hidden, lm_head_weight=lm_head_weight, vocab_size=vocab_size,
             shift_label=shift_label, candidate_pool_size=candidate_pool_size)
-        head = self.head if pool is None else self.head.pooled(pool)
-        return propose_domino(z, (first, rest), bonus_tokens, lambda ids: F.embedding(ids, embed_weight), head,
-                              GreedyPick(pool)).tokens
+        return propose_domino(z, (first, rest), bonus_tokens, lambda ids: F.embedding(ids, embed_weight),
+                              self.head.pooled(pool), GreedyPick(pool)).tokens
 
     def __call__(self, *, draft_hidden, bonus_tokens, embed_weight, lm_head_weight, vocab_size, shift_label,
-                 candidate_pool_size) -> torch.Tensor:
+                 candidate_pool_size, **_) -> torch.Tensor:
+        """Upstream's `domino_greedy_rollout` keywords (those it does not use ignored), with
+        the embedding as its weight; [bs, n] proposals."""
         return self._compiled(draft_hidden, bonus_tokens, embed_weight, lm_head_weight, int(vocab_size),
                               bool(shift_label), int(candidate_pool_size))
 
@@ -103,19 +103,16 @@ def rollout_for(prefix_gru, embed_proj) -> CompiledRollout:
 def eligible(kwargs: dict, embed_weight: Optional[torch.Tensor]) -> bool:
     """Whether this eager rollout call can run compiled: on CPU, one rank, a plain
     embedding, and switched on."""
+    if mode() != "compiled":   # the default: decided first, every eager step asks
+        return False
     hidden, tp = kwargs.get("draft_hidden"), kwargs.get("tp_group")
     return (embed_weight is not None and hidden is not None and hidden.device.type == "cpu"
-            and (tp is None or int(getattr(tp, "world_size", 1)) == 1) and kwargs.get("prefix_gru") is not None
-            and mode() == "compiled")
+            and (tp is None or int(getattr(tp, "world_size", 1)) == 1) and kwargs.get("prefix_gru") is not None)
 
 
 def greedy_rollout(embed_weight: torch.Tensor, **kwargs) -> torch.Tensor:
     """Upstream's `domino_greedy_rollout` arguments and result ([bs, n] proposals), compiled."""
-    rollout = rollout_for(kwargs["prefix_gru"], kwargs["embed_proj"])
-    return rollout(draft_hidden=kwargs["draft_hidden"], bonus_tokens=kwargs["bonus_tokens"],
-                   embed_weight=embed_weight, lm_head_weight=kwargs["lm_head_weight"],
-                   vocab_size=kwargs["vocab_size"], shift_label=kwargs["shift_label"],
-                   candidate_pool_size=kwargs["candidate_pool_size"])
+    return rollout_for(kwargs["prefix_gru"], kwargs["embed_proj"])(embed_weight=embed_weight, **kwargs)
 
 
 __all__ = ["CompiledRollout", "GreedyPick", "MODE_ENV", "eligible", "greedy_rollout", "mode", "rollout_for"]
