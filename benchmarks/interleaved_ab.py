@@ -57,8 +57,11 @@ SERVERS = {
 ONE_THREAD = ", 1 thread"
 # the same servers with the Domino rollout compiled (sglang_domino/sglang/cpu/rollout.py, opt-in)
 COMPILED_ROLLOUT = ", compiled rollout"
+# the same servers with the target's layers compiled (sglang_domino/sglang/cpu/compiled_target.py, opt-in)
+COMPILED_TARGET = ", compiled target"
 SERVERS.update({name + ONE_THREAD: SERVERS[name] for name in ("plain", "width 16", "adaptive")})
 SERVERS.update({name + COMPILED_ROLLOUT: SERVERS[name] for name in ("width 16", "adaptive")})
+SERVERS.update({name + COMPILED_TARGET: SERVERS[name] for name in ("plain", "width 16", "adaptive")})
 
 
 def server_env(name: str) -> Optional[dict]:
@@ -67,6 +70,8 @@ def server_env(name: str) -> Optional[dict]:
         return {**os.environ, "OMP_NUM_THREADS": "1"}
     if name.endswith(COMPILED_ROLLOUT):
         return {**os.environ, "SGLANG_DOMINO_CPU_ROLLOUT": "compiled"}
+    if name.endswith(COMPILED_TARGET):
+        return {**os.environ, "SGLANG_DOMINO_CPU_TARGET": "compiled"}
     return None
 
 

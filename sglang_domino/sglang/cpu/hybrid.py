@@ -48,6 +48,7 @@ def install() -> bool:
 def before_init_parallel_runtime(*args, **kwargs):
     install()
     # every model-running CPU process: the batched torch_native attention
-    from . import attention
+    from . import attention, compiled_target
 
     attention.install()
+    compiled_target.install()
