@@ -57,11 +57,14 @@ SERVERS = {
 ONE_THREAD = ", 1 thread"
 # the same servers with the Domino rollout compiled (sglang_domino/sglang/cpu/rollout.py, opt-in)
 COMPILED_ROLLOUT = ", compiled rollout"
-# the same servers with the target's layers compiled (sglang_domino/sglang/cpu/compiled_target.py, opt-in)
+# the same servers with the target's layers compiled, or the target's and the draft's
+# (sglang_domino/sglang/cpu/compiled_forward.py, opt-in)
 COMPILED_TARGET = ", compiled target"
+COMPILED_FORWARDS = ", compiled forwards"
 SERVERS.update({name + ONE_THREAD: SERVERS[name] for name in ("plain", "width 16", "adaptive")})
 SERVERS.update({name + COMPILED_ROLLOUT: SERVERS[name] for name in ("width 16", "adaptive")})
 SERVERS.update({name + COMPILED_TARGET: SERVERS[name] for name in ("plain", "width 16", "adaptive")})
+SERVERS.update({name + COMPILED_FORWARDS: SERVERS[name] for name in ("width 16", "adaptive")})
 
 
 def server_env(name: str) -> Optional[dict]:
@@ -71,7 +74,9 @@ def server_env(name: str) -> Optional[dict]:
     if name.endswith(COMPILED_ROLLOUT):
         return {**os.environ, "SGLANG_DOMINO_CPU_ROLLOUT": "compiled"}
     if name.endswith(COMPILED_TARGET):
-        return {**os.environ, "SGLANG_DOMINO_CPU_TARGET": "compiled"}
+        return {**os.environ, "SGLANG_DOMINO_CPU_FORWARD": "target"}
+    if name.endswith(COMPILED_FORWARDS):
+        return {**os.environ, "SGLANG_DOMINO_CPU_FORWARD": "compiled"}
     return None
 
 

@@ -86,8 +86,8 @@ CPU_DISAGGREGATION = Group("cpu disaggregation", Moment.SCHEDULER_START, "schedu
 ADAPTIVE_METRICS = Group("adaptive metrics", Moment.WORKER_INIT, "schedulers", "`--speculative-adaptive`")
 CPU_ATTENTION = Group("cpu attention", Moment.SCHEDULER_START, "model-running processes",
                       "`--device cpu`, unless SGLANG_DOMINO_CPU_ATTENTION=upstream")
-CPU_TARGET = Group("cpu compiled target", Moment.SCHEDULER_START, "model-running processes",
-                   "`--device cpu` with SGLANG_DOMINO_CPU_TARGET=compiled")
+CPU_FORWARD = Group("cpu compiled forward", Moment.SCHEDULER_START, "model-running processes",
+                    "`--device cpu` with SGLANG_DOMINO_CPU_FORWARD=target or compiled")
 
 # hybrid replay (issue 21): rows in the `hybrid replay` block of PATCHES
 HYBRID_REPLAY = Group("hybrid replay", Moment.SCHEDULER_START, "schedulers",
@@ -97,7 +97,7 @@ HYBRID_REPLAY = Group("hybrid replay", Moment.SCHEDULER_START, "schedulers",
 RUNNING_REQUESTS = Group("running requests", Moment.SCHEDULER_START, "schedulers", "plugin enabled")
 
 GROUPS = (EVERY_PROCESS, CPU_ENGINE, CPU_STANDIN, CHECKPOINT_COMPAT, CPU_DFLASH, DOMINO_ROLLOUT, B8_RESERVATION,
-          WORKER, STEP, RESOLVE, PLATFORM, DISAGGREGATION, CPU_DISAGGREGATION, B8_STATE, CPU_ATTENTION, CPU_TARGET,
+          WORKER, STEP, RESOLVE, PLATFORM, DISAGGREGATION, CPU_DISAGGREGATION, B8_STATE, CPU_ATTENTION, CPU_FORWARD,
           ADAPTIVE_METRICS,
           HYBRID_REPLAY, RUNNING_REQUESTS)
 
@@ -222,10 +222,10 @@ PATCHES: tuple[Patch, ...] = (
           "a verify or draft block of W rows per request: one call per layer over W query rows, not a loop "
           "over requests computing every prefix row and dropping it",
           params=(*_SDPA_PARAMS, "extend_prefix_lens", "extend_seq_lens")),
-    # -- model-running CPU processes, opt-in: the target's layers compiled --------------
-    Patch("cpu_compiled_target", f"{_S}.model_executor.model_runner.ModelRunner.load_model",
-          "cpu.compiled_target:after_load_model", Kind.AFTER, CPU_TARGET,
-          "a CPU target's layers run as one torch.compile graph (0.5.23's eager forward is mostly Python and "
+    # -- model-running CPU processes, opt-in: the target's (and the draft's) layers compiled --
+    Patch("cpu_compiled_forward", f"{_S}.model_executor.model_runner.ModelRunner.load_model",
+          "cpu.compiled_forward:after_load_model", Kind.AFTER, CPU_FORWARD,
+          "a CPU model's layers run as one torch.compile graph (0.5.23's eager forward is mostly Python and "
           "dispatch at small sizes, and does not compile as it stands); compiled before the first request"),
     # -- schedulers of a PD server, at scheduler start ------------------------------------
     Patch("pd_draft_check", f"{_S}.disaggregation.decode.DecodePreallocQueue._init_receiver",
@@ -556,7 +556,7 @@ DEPENDS: tuple[Dependency, ...] = (
                "the embedding the eager Domino rollout is given, found as the step finds it (`warmup.warm_cpu_rollout`)",
                params=("draft_model", "target_model")),
     Dependency(f"{_S}.lora.layers.unwrap_lora_layer", "the step's embedding and lm_head without a LoRA wrapper"),
-    # -- the compiled CPU target (issue 20, `cpu/compiled_target.py`) ------------------------
+    # -- the compiled CPU forwards (issue 20, `cpu/compiled_forward.py`) ---------------------
     Dependency(f"{_S}.models.qwen3.Qwen3ForCausalLM", "the one architecture compiled; its embedding, layers, final "
                "norm, lm_head and logits processor read as the eager forward uses them",
                attributes=("model", "lm_head", "logits_processor", "capture_aux_hidden_states", "pp_group")),
@@ -570,6 +570,11 @@ DEPENDS: tuple[Dependency, ...] = (
     Dependency(f"{_S}.layers.radix_attention.RadixAttention.forward", "each layer's attention, called from the "
                "graph's one opaque op with the step's batch (writes the KV cache, attends)",
                params=("q", "k", "v", "forward_batch")),
+    Dependency(f"{_S}.models.dflash.DFlashDraftModel", "the one draft architecture compiled; its layers, final norm "
+               "and embedding read as its eager forward uses them", attributes=("layers", "norm", "embed_tokens")),
+    Dependency(f"{_S}.models.dflash.DFlashDraftModel.forward", "the eager forward the compiled draft reproduces"),
+    Dependency(f"{_S}.models.dflash.DFlashAttention", "a draft layer's attention compiles only without value scales, "
+               "sinks or a subclass's own output", attributes=("v_scale", "attention_sink_bias", "q_size", "kv_size")),
     Dependency(f"{_S}.layers.quantization.unquant.UnquantizedLinearMethod", "only unquantized linear layers compile "
                "(their weight used as is)"),
 )

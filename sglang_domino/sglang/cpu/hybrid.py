@@ -48,7 +48,7 @@ def install() -> bool:
 def before_init_parallel_runtime(*args, **kwargs):
     install()
     # every model-running CPU process: the batched torch_native attention
-    from . import attention, compiled_target
+    from . import attention, compiled_forward
 
     attention.install()
-    compiled_target.install()
+    compiled_forward.install()

@@ -1,0 +1,290 @@
+"""The target's and the draft's layers compiled on CPU (issue 20 part 2: a compiled CPU step).
+
+0.5.23 runs a CPU model eagerly, one small op at a time through its layer-boundary and
+residual-stream code: at the test bed's size a step is mostly Python and dispatch
+(docs/cpu-profile.md), and `torch.compile` over `model.forward` as it stands breaks the
+graph 76 times and recompiles 57 (0.5.23's residual stream, `is_host_cpu_x86`). Its own
+`CPUGraphRunner` compiles only the decode step and refuses speculative servers.
+
+Here the CPU port owns a compile-friendly forward for a plain Qwen3 target and a plain
+DFlash (or Domino) draft: the embedding and what follows the final norm stay upstream's
+(eager), and the layers between them run as one `torch.compile` graph, dynamic in the
+number of tokens, built from upstream's own pieces of math (`RMSNorm.forward_native`,
+`RotaryEmbedding.forward_native`, `SiluAndMul.forward_native`, the linear layers'
+weights). Attention stays upstream's backend call (0.5.23's `torch_native`, batched by
+`attention.py`) behind one opaque custom op, `sglang_domino::cpu_attention`, which reads
+the step's `ForwardBatch` from this module (set for the duration of one forward): the
+graph does not break at it, and the KV cache is written where upstream writes it.
+
+One forward serves every batch a server runs (decode, prefill, the verify at every width,
+the draft block); an empty batch runs upstream's. The target's auxiliary hidden states
+(the DFLASH draft's context features) are the residual stream entering each captured
+layer, as upstream's layer boundary captures them. Graphs for one row and for many are
+compiled when the model is loaded, before the first request.
+
+Switched by `SGLANG_DOMINO_CPU_FORWARD`: `eager` (the default, upstream's forwards),
+`target` (the target compiled), `compiled` (the target and the draft). Where a model
+cannot run compiled (another architecture, tensor or pipeline parallelism, quantized
+linears, a scaled rotary embedding, a draft with convolutions, value scales or
+attention sinks), the server refuses to start and says why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+logger = logging.getLogger(__name__)
+
+MODE_ENV = "SGLANG_DOMINO_CPU_FORWARD"
+MODES = ("eager", "target", "compiled")   # the first is the default
+NEW_GRAPH = "a new graph"   # logged when a graph is compiled after the warm-up
+
+
+def mode() -> str:
+    value = os.environ.get(MODE_ENV, MODES[0]).strip().lower() or MODES[0]
+    if value not in MODES:
+        raise ValueError(f"{MODE_ENV}={value!r}: expected one of {', '.join(MODES)}")
+    return value
+
+
+def compiles(draft: bool) -> bool:
+    """Whether the target's (draft=False) or a draft's forward is compiled in this mode."""
+    return mode() == "compiled" or (mode() == "target" and not draft)
+
+
+def install() -> bool:
+    """Install the `cpu compiled forward` group of `hooks.py` (once per process) unless
+    the mode is `eager`; returns whether it is in place."""
+    if mode() == "eager":
+        return False
+    from .. import hooks
+
+    hooks.install(hooks.CPU_FORWARD)
+    return True
+
+
+# -- attention: one opaque op, the step's batch read from here --------------------------
+
+class _Step:
+    """The forward in progress: its batch and the attention modules by layer index."""
+    batch = None
+    layers: list = []
+
+
+@contextlib.contextmanager
+def _step(batch, layers):
+    _Step.batch, _Step.layers = batch, layers
+    try:
+        yield
+    finally:
+        _Step.batch, _Step.layers = None, []
+
+
+@torch.library.custom_op("sglang_domino::cpu_attention", mutates_args=())
+def cpu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
+    """Upstream's attention of layer `layer` (`RadixAttention.forward`: writes k and v into
+    the KV cache, attends) for the step in progress. Without one (compiling at load time)
+    it returns zeros."""
+    if _Step.batch is None:
+        return torch.zeros_like(q)
+    out = _Step.layers[layer](q, k, v, _Step.batch)
+    return out.reshape(q.shape[0], -1)
+
+
+@cpu_attention.register_fake
+def _(q, k, v, layer):
+    return torch.empty_like(q)
+
+
+# -- eligibility ---------------------------------------------------------------------------
+
+def _layer_refusal(layers) -> Optional[str]:
+    from sglang.srt.layers.activation import SiluAndMul
+    from sglang.srt.layers.layernorm import RMSNorm
+    from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod
+    from sglang.srt.layers.rotary_embedding.base import RotaryEmbedding
+
+    for layer in layers:
+        attn = layer.self_attn
+        if attn.num_heads != attn.total_num_heads:
+            return "tensor parallelism (--tp-size > 1)"
+        linears = (attn.qkv_proj, attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
+        if any(type(getattr(m, "quant_method", None)) is not UnquantizedLinearMethod for m in linears):
+            return "quantized linear layers"
+        if type(attn.rotary_emb) is not RotaryEmbedding:
+            return f"rotary embedding {type(attn.rotary_emb).__name__} (only the plain RotaryEmbedding)"
+        norms = (layer.input_layernorm, layer.post_attention_layernorm, attn.q_norm, attn.k_norm)
+        if any(type(n) is not RMSNorm for n in norms):
+            return "norms other than RMSNorm"
+        if type(layer.mlp.act_fn) is not SiluAndMul:
+            return "an MLP activation other than SiluAndMul"
+        if attn.qkv_proj.weight.device.type != "cpu":
+            return "weights not on the CPU"
+    return None
+
+
+def refusal(model, draft: bool) -> Optional[str]:
+    """Why `model` (the target, or a draft) cannot run compiled here (None: it can)."""
+    if draft:
+        from sglang.srt.models.dflash import DFlashAttention, DFlashDraftModel
+
+        if type(model) is not DFlashDraftModel:
+            return f"the draft is {type(model).__name__}; only DFlashDraftModel is compiled"
+        for layer in model.layers:
+            attn = layer.self_attn
+            if layer.attention_conv is not None or layer.mlp_conv is not None:
+                return "a draft with grouped convolutions"
+            if type(attn) is not DFlashAttention or attn.v_scale is not None or attn.attention_sink_bias is not None:
+                return "a draft with value scales, attention sinks or its own attention output"
+        return _layer_refusal(model.layers)
+    from sglang.srt.models.qwen3 import Qwen3ForCausalLM
+
+    if type(model) is not Qwen3ForCausalLM:
+        return f"the target is {type(model).__name__}; only Qwen3ForCausalLM is compiled"
+    if model.pp_group.world_size != 1:
+        return "pipeline parallelism (--pp-size > 1)"
+    inner = model.model
+    return _layer_refusal(inner.layers[inner.start_layer:inner.end_layer])
+
+
+# -- the compiled layers ---------------------------------------------------------------------
+
+class CompiledLayers:
+    """Pre-norm Qwen3-style layers (upstream's Qwen3 target and DFlash draft share their
+    parts' names) under one `torch.compile` graph, dynamic in the number of tokens:
+    `(hidden, positions) -> (hidden after the final norm, the residual stream entering
+    each layer)` (all of them: which ones DFLASH captures is set after loading, and
+    returning them costs nothing, so one graph serves either way)."""
+
+    def __init__(self, layers, final_norm):
+        self.layers = list(layers)
+        self.attention = [layer.self_attn.attn for layer in self.layers]
+        self.final_norm = final_norm
+        self._compiled = torch.compile(self._forward, dynamic=True)
+        self.warmed = False
+
+    def _forward(self, hidden: torch.Tensor, positions: torch.Tensor):
+        residual = None
+        streams = []
+        for i, layer in enumerate(self.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            if residual is None:
+                residual = hidden
+                hidden = layer.input_layernorm.forward_native(hidden)
+            else:
+                hidden, residual = layer.input_layernorm.forward_native(hidden, residual)
+            streams.append(residual)
+            qkv = F.linear(hidden, attn.qkv_proj.weight, attn.qkv_proj.bias)
+            q, k, v = qkv.split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
+            q = attn.q_norm.forward_native(q.reshape(-1, attn.head_dim)).view(q.shape)
+            k = attn.k_norm.forward_native(k.reshape(-1, attn.head_dim)).view(k.shape)
+            q, k = attn.rotary_emb.forward_native(positions, q, k)
+            out = torch.ops.sglang_domino.cpu_attention(q, k, v.contiguous(), i)
+            hidden = F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
+            hidden, residual = layer.post_attention_layernorm.forward_native(hidden, residual)
+            gate_up = F.linear(hidden, mlp.gate_up_proj.weight, mlp.gate_up_proj.bias)
+            hidden = F.linear(mlp.act_fn.forward_native(gate_up), mlp.down_proj.weight, mlp.down_proj.bias)
+        hidden, _ = self.final_norm.forward_native(hidden, residual)
+        return hidden, streams
+
+    def __call__(self, hidden, positions, forward_batch):
+        from torch._dynamo.utils import counters
+
+        graphs = counters["stats"]["unique_graphs"]
+        with torch.no_grad(), _step(forward_batch, self.attention):
+            out = self._compiled(hidden, positions)
+        if self.warmed and counters["stats"]["unique_graphs"] != graphs:
+            # the warm-up should have compiled every graph serving needs (tests/e2e read this line)
+            logger.warning("%s: %s compiled while serving (%d rows, %s)", MODE_ENV, NEW_GRAPH,
+                           int(hidden.shape[0]), hidden.dtype)
+        return out
+
+    def warm(self, dtype: torch.dtype, hidden_size: int) -> float:
+        """Compile the graphs serving needs (one row and many rows) with the attention
+        returning zeros; seconds taken."""
+        t0 = time.perf_counter()
+        for rows in (1, 2):
+            self(torch.zeros(rows, hidden_size, dtype=dtype), torch.zeros(rows, dtype=torch.int64), None)
+        self.warmed = True
+        return time.perf_counter() - t0
+
+
+class CompiledTarget:
+    """`Qwen3ForCausalLM.forward` with its layers compiled."""
+
+    def __init__(self, model):
+        self.model = model
+        inner = model.model
+        self.layers = CompiledLayers(inner.layers[inner.start_layer:inner.end_layer], inner.norm)
+        self.eager_forward = model.forward
+
+    def aux(self, streams):
+        """The residual streams of the layers DFLASH captures (set after loading), in
+        upstream's container; None when it captures none."""
+        if not self.model.capture_aux_hidden_states:
+            return None
+        from sglang.srt.layers.aux_hidden_states import AuxHiddenStateList
+
+        start = self.model.model.start_layer
+        return AuxHiddenStateList(streams[i - start] for i in self.model.model.layers_to_capture)
+
+    def __call__(self, input_ids, positions, forward_batch, input_embeds=None, get_embedding=False,
+                 pp_proxy_tensors=None):
+        if get_embedding or pp_proxy_tensors is not None or int(positions.shape[0]) == 0:
+            return self.eager_forward(input_ids, positions, forward_batch, input_embeds=input_embeds,
+                                      get_embedding=get_embedding, pp_proxy_tensors=pp_proxy_tensors)
+        hidden = self.model.model.embed_tokens(input_ids) if input_embeds is None else input_embeds
+        hidden, streams = self.layers(hidden, positions, forward_batch)
+        return self.model.logits_processor(input_ids, hidden, self.model.lm_head, forward_batch, self.aux(streams))
+
+
+class CompiledDraft:
+    """`DFlashDraftModel.forward` with its layers compiled."""
+
+    def __init__(self, model):
+        self.model = model
+        self.layers = CompiledLayers(model.layers, model.norm)
+        self.eager_forward = model.forward
+
+    def __call__(self, input_ids, positions, forward_batch, input_embeds=None, get_embedding=False,
+                 pp_proxy_tensors=None):
+        if input_embeds is None and self.model.embed_tokens is None or int(positions.shape[0]) == 0:
+            return self.eager_forward(input_ids, positions, forward_batch, input_embeds=input_embeds,
+                                      get_embedding=get_embedding, pp_proxy_tensors=pp_proxy_tensors)
+        from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+
+        hidden = self.model.embed_tokens(input_ids) if input_embeds is None else input_embeds
+        hidden, _ = self.layers(hidden, positions, forward_batch)
+        return LogitsProcessorOutput(next_token_logits=None, hidden_states=hidden)
+
+
+def after_load_model(result, runner, *args, **kwargs):
+    """`ModelRunner.load_model`: on CPU, the model's forward becomes the compiled one
+    where the mode asks for it (compiled before serving); refused at start-up with the
+    reason where it cannot run."""
+    draft = bool(getattr(runner, "is_draft_worker", False))
+    if runner.device != "cpu" or not compiles(draft):
+        return result
+    model = runner.model
+    reason = refusal(model, draft)
+    if reason is not None:
+        raise ValueError(f"{MODE_ENV}={mode()} cannot compile this {'draft' if draft else 'target'}: {reason}; "
+                         f"set {MODE_ENV}=" + ("target (the target alone)" if draft else "eager"))
+    compiled = CompiledDraft(model) if draft else CompiledTarget(model)
+    model.forward = compiled
+    dtype = next(model.parameters()).dtype
+    seconds = compiled.layers.warm(dtype, model.config.hidden_size)
+    logger.info("%s=%s: the %s's %d layers compiled in %.1f s", MODE_ENV, mode(), "draft" if draft else "target",
+                len(compiled.layers.layers), seconds)
+    return result
+
+
+__all__ = ["CompiledDraft", "CompiledLayers", "CompiledTarget", "MODE_ENV", "after_load_model", "compiles",
+           "cpu_attention", "install", "mode", "refusal"]
