@@ -198,3 +198,17 @@ def test_adaptive_server_logs_its_widths(spec):
     counts = {int(k): int(v) for k, v in (item.split(":") for item in hist.split(", "))}
     assert sum(counts.values()) == int(steps) and int(steps) % ADAPTIVE_LOG_EVERY == 0
     assert {w for w, n in counts.items() if n} == first
+
+
+def test_compiled_forwards_compile_before_serving(spec):
+    """With the layers compiled, the target's and the draft's graphs are all compiled
+    while the server loads: none is compiled while it serves (by now it has served one
+    to eight streams at every adaptive width, prefills of several lengths)."""
+    if spec.config.env.get("SGLANG_DOMINO_CPU_FORWARD") != "compiled":
+        pytest.skip("eager forwards")
+    from sglang_domino.sglang.cpu.compiled_forward import NEW_GRAPH
+
+    log = spec.log()
+    assert re.search(r"the target's \d+ layers compiled in", log) and re.search(r"the draft's \d+ layers compiled in",
+                                                                                   log), log[-3000:]
+    assert NEW_GRAPH not in log

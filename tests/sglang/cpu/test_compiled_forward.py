@@ -1,0 +1,189 @@
+"""`sglang_domino.sglang.cpu.compiled_forward`: the layers of a CPU target or draft under
+one `torch.compile` graph, in process, over layers built from upstream's own norm and
+activation modules (a stand-in rotary and attention). Served end to end, greedy tokens
+equal to the plain server's: `tests/e2e/test_e2e_cpu.py` (the `domino_adaptive_compiled`
+server)."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER = 32, 4, 2, 8, 48
+
+
+class Rotary:
+    """A stand-in rotary embedding with `forward_native`'s signature (rotates pairs by
+    the position, enough to make positions matter)."""
+
+    def forward_native(self, positions, query, key):
+        angle = positions.to(query.dtype)[:, None] * 0.1
+        return query * torch.cos(angle) + query.roll(1, -1) * torch.sin(angle), key * torch.cos(angle)
+
+
+class Attention:
+    """A stand-in for one layer's `RadixAttention`: causal attention over this call's rows,
+    recording the batch it was given."""
+
+    def __init__(self, index, seen):
+        self.index, self.seen = index, seen
+
+    def __call__(self, q, k, v, forward_batch):
+        self.seen.append((self.index, forward_batch))
+        t = q.shape[0]
+        q = q.view(t, HEADS, HEAD_DIM).transpose(0, 1)
+        k = k.view(t, KV_HEADS, HEAD_DIM).transpose(0, 1)
+        v = v.view(t, KV_HEADS, HEAD_DIM).transpose(0, 1)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return out.transpose(0, 1).reshape(t, HEADS * HEAD_DIM)
+
+
+def _linear(g, out_features, in_features):
+    return SimpleNamespace(weight=torch.randn(out_features, in_features, generator=g) / in_features ** 0.5, bias=None)
+
+
+def _layers(n, seen, seed=0):
+    from sglang.srt.layers.activation import SiluAndMul
+    from sglang.srt.layers.layernorm import RMSNorm
+
+    g = torch.Generator().manual_seed(seed)
+
+    def norm(size):
+        module = RMSNorm(size, eps=1e-6)
+        module.weight.data = 1 + 0.1 * torch.randn(size, generator=g)
+        return module
+
+    q_size, kv_size = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
+    layers = []
+    for i in range(n):
+        attn = SimpleNamespace(qkv_proj=_linear(g, q_size + 2 * kv_size, HIDDEN), o_proj=_linear(g, HIDDEN, q_size),
+                               q_norm=norm(HEAD_DIM), k_norm=norm(HEAD_DIM), rotary_emb=Rotary(), q_size=q_size,
+                               kv_size=kv_size, head_dim=HEAD_DIM, attn=Attention(i, seen))
+        mlp = SimpleNamespace(gate_up_proj=_linear(g, 2 * INTER, HIDDEN), down_proj=_linear(g, HIDDEN, INTER),
+                              act_fn=SiluAndMul())
+        layers.append(SimpleNamespace(self_attn=attn, mlp=mlp, input_layernorm=norm(HIDDEN),
+                                      post_attention_layernorm=norm(HIDDEN)))
+    return layers, norm(HIDDEN)
+
+
+def _inputs(rows, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(rows, HIDDEN, generator=g), torch.arange(rows, dtype=torch.int64) + 3
+
+
+def _reference(layers, final_norm, hidden, positions):
+    """Upstream's pre-norm layer, written out: the residual stream entering each layer."""
+    residual, streams = None, []
+    for layer in layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        if residual is None:
+            residual, hidden = hidden, layer.input_layernorm.forward_native(hidden)
+        else:
+            hidden, residual = layer.input_layernorm.forward_native(hidden, residual)
+        streams.append(residual)
+        q, k, v = F.linear(hidden, attn.qkv_proj.weight).split([attn.q_size, attn.kv_size, attn.kv_size], -1)
+        q = attn.q_norm.forward_native(q.reshape(-1, HEAD_DIM)).view(q.shape)
+        k = attn.k_norm.forward_native(k.reshape(-1, HEAD_DIM)).view(k.shape)
+        q, k = attn.rotary_emb.forward_native(positions, q, k)
+        hidden = F.linear(attn.attn(q, k, v, None), attn.o_proj.weight)
+        hidden, residual = layer.post_attention_layernorm.forward_native(hidden, residual)
+        hidden = F.linear(mlp.act_fn.forward_native(F.linear(hidden, mlp.gate_up_proj.weight)), mlp.down_proj.weight)
+    hidden, _ = final_norm.forward_native(hidden, residual)
+    return hidden, streams
+
+
+def test_compiled_layers_match_the_eager_layers_and_compile_nothing_after_the_warm_up(caplog):
+    """Every row count (one row, a decode batch, verify blocks, a prefill) runs the two
+    graphs the warm-up compiled, with the step's batch handed to every layer's attention,
+    and gives the eager layers' hidden states and residual streams."""
+    from torch._dynamo.utils import counters
+
+    from sglang_domino.sglang.cpu import compiled_forward as cf
+
+    seen = []
+    layers, final_norm = _layers(3, seen)
+    compiled = cf.CompiledLayers(layers, final_norm)
+    compiled.warm(torch.float32, HIDDEN)
+    assert compiled.warmed and seen == []    # the warm-up never reaches an attention module
+    graphs = counters["stats"]["unique_graphs"]
+    batch = object()
+    with caplog.at_level(logging.WARNING, logger=cf.__name__):
+        for rows in (1, 2, 5, 16, 48, 7):
+            hidden, positions = _inputs(rows, seed=rows)
+            seen.clear()
+            got, streams = compiled(hidden, positions, batch)
+            assert [i for i, _ in seen] == [0, 1, 2] and all(b is batch for _, b in seen)
+            want, want_streams = _reference(layers, final_norm, hidden, positions)
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+            assert len(streams) == 3
+            for s, w in zip(streams, want_streams):
+                torch.testing.assert_close(s, w, rtol=1e-4, atol=1e-5)
+    assert counters["stats"]["unique_graphs"] == graphs
+    assert cf.NEW_GRAPH not in caplog.text
+    # positions of a dtype the warm-up did not compile are a new graph, and say so
+    hidden, positions = _inputs(4, seed=1)
+    with caplog.at_level(logging.WARNING, logger=cf.__name__):
+        compiled(hidden, positions.to(torch.int32), batch)
+    assert cf.NEW_GRAPH in caplog.text
+
+
+def test_the_attention_op_outside_a_step_returns_zeros():
+    from sglang_domino.sglang.cpu import compiled_forward as cf
+
+    q = torch.randn(3, HEADS * HEAD_DIM)
+    out = torch.ops.sglang_domino.cpu_attention(q, torch.randn(3, 16), torch.randn(3, 16), 0)
+    assert torch.equal(out, torch.zeros_like(q)) and cf._Step.batch is None
+
+
+def test_the_target_hands_dflash_the_streams_of_its_captured_layers():
+    """`layers_to_capture` counts from the model's first layer: the streams entering
+    those layers, in upstream's container; none when DFLASH captures nothing."""
+    from sglang.srt.layers.aux_hidden_states import AuxHiddenStateList
+
+    from sglang_domino.sglang.cpu import compiled_forward as cf
+
+    inner = SimpleNamespace(layers=[], start_layer=0, end_layer=0, norm=None, layers_to_capture=[2, 5])
+    model = SimpleNamespace(model=inner, capture_aux_hidden_states=True, forward=None)
+    target = cf.CompiledTarget(model)
+    streams = [torch.full((1,), float(i)) for i in range(6)]
+    aux = target.aux(streams)
+    assert isinstance(aux, AuxHiddenStateList) and [int(t) for t in aux] == [2, 5]
+    model.capture_aux_hidden_states = False
+    assert target.aux(streams) is None
+
+
+def test_mode_defaults_to_eager_and_refuses_unknown_values(monkeypatch):
+    from sglang_domino.sglang.cpu import compiled_forward as cf
+
+    monkeypatch.delenv(cf.MODE_ENV, raising=False)
+    assert cf.mode() == "eager" and not cf.compiles(draft=False) and not cf.install()
+    monkeypatch.setenv(cf.MODE_ENV, "target")
+    assert cf.compiles(draft=False) and not cf.compiles(draft=True)
+    monkeypatch.setenv(cf.MODE_ENV, "compiled")
+    assert cf.compiles(draft=False) and cf.compiles(draft=True)
+    monkeypatch.setenv(cf.MODE_ENV, "inductor")
+    with pytest.raises(ValueError, match="SGLANG_DOMINO_CPU_FORWARD='inductor': expected one of eager, target, "
+                                         "compiled"):
+        cf.mode()
+
+
+@pytest.mark.parametrize("draft", [False, True])
+def test_a_model_it_cannot_compile_is_refused_at_load_naming_why(monkeypatch, draft):
+    from sglang_domino.sglang.cpu import compiled_forward as cf
+
+    class Other:
+        pass
+
+    monkeypatch.setenv(cf.MODE_ENV, "compiled")
+    runner = SimpleNamespace(device="cpu", is_draft_worker=draft, model=Other())
+    want = "only DFlashDraftModel" if draft else "only Qwen3ForCausalLM"
+    with pytest.raises(ValueError, match=f"cannot compile this {'draft' if draft else 'target'}: .*Other.*{want}"):
+        cf.after_load_model(None, runner)
+    # a GPU runner, or the eager mode, leaves the model alone
+    assert cf.after_load_model("r", SimpleNamespace(device="cuda", is_draft_worker=draft, model=Other())) == "r"
+    monkeypatch.setenv(cf.MODE_ENV, "eager")
+    assert cf.after_load_model("r", runner) == "r" and not hasattr(runner.model, "forward")
