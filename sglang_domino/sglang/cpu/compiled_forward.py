@@ -194,24 +194,33 @@ class CompiledLayers:
         hidden, _ = self.final_norm.forward_native(hidden, residual)
         return hidden, streams
 
-    def __call__(self, hidden, positions, forward_batch):
-        from torch._dynamo.utils import counters
+    @staticmethod
+    def graphs() -> int:
+        """Graphs compiled so far for `_forward` (every instance's: they share its code)."""
+        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
-        graphs = counters["stats"]["unique_graphs"]
+        return len(_debug_get_cache_entry_list(CompiledLayers._forward.__code__))
+
+    def __call__(self, hidden, positions, forward_batch):
+        graphs = self.graphs()
         with torch.no_grad(), _step(forward_batch, self.attention):
             out = self._compiled(hidden, positions)
-        if self.warmed and counters["stats"]["unique_graphs"] != graphs:
+        if self.warmed and self.graphs() != graphs:
             # the warm-up should have compiled every graph serving needs (tests/e2e read this line)
             logger.warning("%s: %s compiled while serving (%d rows, %s)", MODE_ENV, NEW_GRAPH,
                            int(hidden.shape[0]), hidden.dtype)
         return out
 
     def warm(self, dtype: torch.dtype, hidden_size: int) -> float:
-        """Compile the graphs serving needs (one row and many rows) with the attention
-        returning zeros; seconds taken."""
+        """Compile the graphs serving needs with the attention returning zeros: one row
+        and many rows, each with and without inference mode (the target is called in
+        grad-free mode, the draft in inference mode, and dynamo's guards tell the two
+        apart); seconds taken."""
         t0 = time.perf_counter()
-        for rows in (1, 2):
-            self(torch.zeros(rows, hidden_size, dtype=dtype), torch.zeros(rows, dtype=torch.int64), None)
+        for inference in (False, True):
+            with torch.inference_mode(inference):
+                for rows in (1, 2):
+                    self(torch.zeros(rows, hidden_size, dtype=dtype), torch.zeros(rows, dtype=torch.int64), None)
         self.warmed = True
         return time.perf_counter() - t0
 
@@ -281,6 +290,8 @@ def after_load_model(result, runner, *args, **kwargs):
     model.forward = compiled
     dtype = next(model.parameters()).dtype
     seconds = compiled.layers.warm(dtype, model.config.hidden_size)
+    # a graph compiled after this is a missed warm-up: the log says which guard failed
+    torch._logging.set_logs(recompiles=True)
     logger.info("%s=%s: the %s's %d layers compiled in %.1f s", MODE_ENV, mode(), "draft" if draft else "target",
                 len(compiled.layers.layers), seconds)
     return result

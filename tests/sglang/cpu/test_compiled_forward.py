@@ -97,11 +97,9 @@ def _reference(layers, final_norm, hidden, positions):
 
 
 def test_compiled_layers_match_the_eager_layers_and_compile_nothing_after_the_warm_up(caplog):
-    """Every row count (one row, a decode batch, verify blocks, a prefill) runs the two
-    graphs the warm-up compiled, with the step's batch handed to every layer's attention,
+    """Every row count (one row, a decode batch, verify blocks, a prefill), in inference
+    mode or not, runs the four graphs the warm-up compiled, with the step's batch handed to every layer's attention,
     and gives the eager layers' hidden states and residual streams."""
-    from torch._dynamo.utils import counters
-
     from sglang_domino.sglang.cpu import compiled_forward as cf
 
     seen = []
@@ -109,20 +107,22 @@ def test_compiled_layers_match_the_eager_layers_and_compile_nothing_after_the_wa
     compiled = cf.CompiledLayers(layers, final_norm)
     compiled.warm(torch.float32, HIDDEN)
     assert compiled.warmed and seen == []    # the warm-up never reaches an attention module
-    graphs = counters["stats"]["unique_graphs"]
+    graphs = compiled.graphs()
     batch = object()
     with caplog.at_level(logging.WARNING, logger=cf.__name__):
-        for rows in (1, 2, 5, 16, 48, 7):
-            hidden, positions = _inputs(rows, seed=rows)
+        for rows in (1, 2, 5, 16, HIDDEN, HEAD_DIM, 48, 7):
             seen.clear()
-            got, streams = compiled(hidden, positions, batch)
+            # the draft is called in inference mode, the target without
+            with torch.inference_mode(rows % 2 == 0):
+                hidden, positions = _inputs(rows, seed=rows)
+                got, streams = compiled(hidden, positions, batch)
             assert [i for i, _ in seen] == [0, 1, 2] and all(b is batch for _, b in seen)
             want, want_streams = _reference(layers, final_norm, hidden, positions)
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
             assert len(streams) == 3
             for s, w in zip(streams, want_streams):
                 torch.testing.assert_close(s, w, rtol=1e-4, atol=1e-5)
-    assert counters["stats"]["unique_graphs"] == graphs
+    assert compiled.graphs() == graphs
     assert cf.NEW_GRAPH not in caplog.text
     # positions of a dtype the warm-up did not compile are a new graph, and say so
     hidden, positions = _inputs(4, seed=1)
