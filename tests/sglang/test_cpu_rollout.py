@@ -50,13 +50,17 @@ def test_the_compiled_rollout_proposes_upstreams_chain_and_compiles_once_per_blo
                 assert torch.equal(compiled(embed_weight=weight, **kw), du.domino_greedy_rollout(**_kwargs(
                     mods, hidden, bonus, pool)))
             before = graphs()
-            for bs in (3, 5, 8):
-                hidden, bonus = _block(mods, bs, block, seed=10 + bs)
+            for bs in (3, 5, 8, 2, 1):
+                # the step's draft hidden states are inference tensors (the draft's forward runs in
+                # inference mode), the warm-up's were not: the same graphs serve both
+                with torch.inference_mode(bs % 2 == 1):
+                    hidden, bonus = _block(mods, bs, block, seed=10 + bs)
                 kw = _kwargs(mods, hidden, bonus, pool)
                 want = du.domino_greedy_rollout(**kw)
                 kw.pop("in_cuda_graph"), kw.pop("target_embedding"), kw.pop("prefix_gru"), kw.pop("embed_proj")
                 got = compiled(embed_weight=weight, **kw)
                 assert got.shape == (bs, block - 1) and torch.equal(got, want), (block, pool, bs)
+                assert not got.is_inference()   # the step may write into it
             assert graphs() == before, (block, pool)   # no recompile after the warm-up
 
 

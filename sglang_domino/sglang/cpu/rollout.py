@@ -84,9 +84,17 @@ class CompiledRollout:
     def __call__(self, *, draft_hidden, bonus_tokens, embed_weight, lm_head_weight, vocab_size, shift_label,
                  candidate_pool_size, **_) -> torch.Tensor:
         """Upstream's `domino_greedy_rollout` keywords (those it does not use ignored), with
-        the embedding as its weight; [bs, n] proposals."""
-        return self._compiled(draft_hidden, bonus_tokens, embed_weight, lm_head_weight, int(vocab_size),
-                              bool(shift_label), int(candidate_pool_size))
+        the embedding as its weight; [bs, n] proposals.
+
+        Always run in inference mode on inference tensors: dynamo's guards tell inference
+        tensors (the draft's hidden states, made in the draft's inference-mode forward)
+        from others and the mode from grad-free mode, so a warm-up in another mode than
+        the step's compiled every graph again in the middle of serving."""
+        with torch.inference_mode():
+            draft_hidden, bonus_tokens = (t if t.is_inference() else t.clone() for t in (draft_hidden, bonus_tokens))
+            tokens = self._compiled(draft_hidden, bonus_tokens, embed_weight, lm_head_weight, int(vocab_size),
+                                    bool(shift_label), int(candidate_pool_size))
+        return tokens.clone()   # an ordinary tensor again: the step writes into what it is given
 
 
 _rollouts: dict[int, CompiledRollout] = {}
