@@ -61,10 +61,12 @@ COMPILED_ROLLOUT = ", compiled rollout"
 # (sglang_domino/sglang/cpu/compiled_forward.py, opt-in)
 COMPILED_TARGET = ", compiled target"
 COMPILED_FORWARDS = ", compiled forwards"
+ALL_COMPILED = ", all compiled"   # the forwards and the Domino rollout
 SERVERS.update({name + ONE_THREAD: SERVERS[name] for name in ("plain", "width 16", "adaptive")})
 SERVERS.update({name + COMPILED_ROLLOUT: SERVERS[name] for name in ("width 16", "adaptive")})
 SERVERS.update({name + COMPILED_TARGET: SERVERS[name] for name in ("plain", "width 16", "adaptive")})
 SERVERS.update({name + COMPILED_FORWARDS: SERVERS[name] for name in ("width 16", "adaptive")})
+SERVERS.update({name + ALL_COMPILED: SERVERS[name] for name in ("width 16", "adaptive")})
 
 
 def server_env(name: str) -> Optional[dict]:
@@ -77,6 +79,8 @@ def server_env(name: str) -> Optional[dict]:
         return {**os.environ, "SGLANG_DOMINO_CPU_FORWARD": "target"}
     if name.endswith(COMPILED_FORWARDS):
         return {**os.environ, "SGLANG_DOMINO_CPU_FORWARD": "compiled"}
+    if name.endswith(ALL_COMPILED):
+        return {**os.environ, "SGLANG_DOMINO_CPU_FORWARD": "compiled", "SGLANG_DOMINO_CPU_ROLLOUT": "compiled"}
     return None
 
 

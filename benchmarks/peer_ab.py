@@ -38,10 +38,15 @@ from contextlib import contextmanager
 from .peers import vllm_server
 from .sglang_numerics import first_difference
 
-OURS = ("plain", "domino", "dflash")
+# "-compiled": the same server with its layers and the Domino rollout compiled (opt-in,
+# `sglang_domino/sglang/cpu/compiled_forward.py`, `cpu/rollout.py`)
+COMPILED = "-compiled"
+COMPILED_ENV = {"SGLANG_DOMINO_CPU_FORWARD": "compiled", "SGLANG_DOMINO_CPU_ROLLOUT": "compiled"}
+OURS = ("plain", "domino", "dflash", "plain" + COMPILED, "domino" + COMPILED)
 PEERS = vllm_server.CONFIGS
 CONFIGS = OURS + PEERS
 LABELS = {"plain": "SGLang plain (ours)", "domino": "SGLang Domino (ours)", "dflash": "SGLang DFlash (ours)",
+          "plain-compiled": "SGLang plain (ours, compiled)", "domino-compiled": "SGLang Domino (ours, compiled)",
           "vllm-plain": "vLLM-CPU plain", "vllm-dflash": "vLLM-CPU DFlash", "vllm-ngram": "vLLM-CPU n-gram"}
 REFERENCE = "plain"               # exactness: every output against this server's
 RATIO_TO = ("domino", "vllm-dflash")
@@ -149,10 +154,13 @@ def serve(config: str, cfg, log_path: str, python_vllm: str | None):
 
     from .profile_step import draft_for
 
+    compiled = config.endswith(COMPILED)
     port = free_port()
-    cmd = cfg.launch_command(port, draft_for(cfg, config))
-    print(f"[{config}] {shlex.join(cmd)}", flush=True)
-    with start(cmd, port, log_path, cfg.server_timeout) as server:
+    cmd = cfg.launch_command(port, draft_for(cfg, config.removesuffix(COMPILED)))
+    env = {**os.environ, **COMPILED_ENV} if compiled else None
+    print(f"[{config}] {' '.join(f'{k}={v}' for k, v in COMPILED_ENV.items()) + ' ' if compiled else ''}"
+          f"{shlex.join(cmd)}", flush=True)
+    with start(cmd, port, log_path, cfg.server_timeout, env=env) as server:
         yield server
 
 

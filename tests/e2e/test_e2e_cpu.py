@@ -200,15 +200,22 @@ def test_adaptive_server_logs_its_widths(spec):
     assert {w for w, n in counts.items() if n} == first
 
 
-def test_compiled_forwards_compile_before_serving(spec):
-    """With the layers compiled, the target's and the draft's graphs are all compiled
-    while the server loads: none is compiled while it serves (by now it has served one
-    to eight streams at every adaptive width, prefills of several lengths)."""
+def test_compiled_forwards_and_rollout_compile_before_serving(spec):
+    """With the layers and the rollout compiled, the target's, the draft's and the
+    rollout's graphs are all compiled while the server starts: none is compiled while it
+    serves (by now it has served one to eight streams at every adaptive width, prefills
+    of several lengths; dynamo logs any recompile once the forwards are warm)."""
     if spec.config.env.get("SGLANG_DOMINO_CPU_FORWARD") != "compiled":
         pytest.skip("eager forwards")
     from sglang_domino.sglang.cpu.compiled_forward import NEW_GRAPH
 
     log = spec.log()
-    assert re.search(r"the target's \d+ layers compiled in", log) and re.search(r"the draft's \d+ layers compiled in",
-                                                                                   log), log[-3000:]
+    warm = []
+    for compiled in (r"the target's \d+ layers compiled in", r"the draft's \d+ layers compiled in",
+                     r"the compiled Domino rollout at blocks \[16, 8, 4, 2\]"):
+        found = re.search(compiled, log)
+        assert found, (compiled, log[-3000:])
+        warm.append(found.end())
     assert NEW_GRAPH not in log
+    served = log[max(warm):]   # the warm-ups compile on code dynamo has seen: "recompiling" there
+    assert "Recompiling function" not in served, served[served.find("Recompiling function") - 200:][:3000]

@@ -246,7 +246,7 @@ Q_RULE_ENV = {"SGLANG_DOMINO_CHECK_Q_RULE_BLOCK": "1"}
 # The end-to-end matrix. The width-8 Domino server loads the legacy export of the same
 # draft (DominoDraftModel / causal_v5 / logit_head.*); the "_q" servers verify sampled
 # requests with the draft's own q (`--speculative-use-rejection-sampling`); "_compiled"
-# runs the target's and the draft's layers under torch.compile.
+# runs the target's and the draft's layers and the Domino rollout under torch.compile.
 SPEC_CONFIGS = {config.name: config for config in [
     ServerConfig("dflash", "dflash"),
     ServerConfig("domino", "domino"),
@@ -258,6 +258,8 @@ SPEC_CONFIGS = {config.name: config for config in [
     ServerConfig("dflash_adaptive", "dflash", "adaptive"),
     ServerConfig("domino_adaptive", "domino", "adaptive"),
     ServerConfig("domino_q_adaptive", "domino", "adaptive", flags=Q_RULE, env=Q_RULE_ENV),
-    # the target's and the draft's layers compiled (`cpu/compiled_forward.py`, opt-in)
-    ServerConfig("domino_adaptive_compiled", "domino", "adaptive", env={"SGLANG_DOMINO_CPU_FORWARD": "compiled"}),
+    # the target's and the draft's layers and the Domino rollout compiled (`cpu/compiled_forward.py`,
+    # `cpu/rollout.py`, opt-in)
+    ServerConfig("domino_adaptive_compiled", "domino", "adaptive",
+                 env={"SGLANG_DOMINO_CPU_FORWARD": "compiled", "SGLANG_DOMINO_CPU_ROLLOUT": "compiled"}),
 ]}

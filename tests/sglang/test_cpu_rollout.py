@@ -55,6 +55,8 @@ def test_the_compiled_rollout_proposes_upstreams_chain_and_compiles_once_per_blo
                 # inference mode), the warm-up's were not: the same graphs serve both
                 with torch.inference_mode(bs % 2 == 1):
                     hidden, bonus = _block(mods, bs, block, seed=10 + bs)
+                    # the step's bonus tokens are a column of its [bs, block] ids
+                    bonus = torch.stack([bonus, bonus], 1)[:, 0]
                 kw = _kwargs(mods, hidden, bonus, pool)
                 want = du.domino_greedy_rollout(**kw)
                 kw.pop("in_cuda_graph"), kw.pop("target_embedding"), kw.pop("prefix_gru"), kw.pop("embed_proj")

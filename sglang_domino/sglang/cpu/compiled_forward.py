@@ -45,6 +45,9 @@ logger = logging.getLogger(__name__)
 MODE_ENV = "SGLANG_DOMINO_CPU_FORWARD"
 MODES = ("eager", "target", "compiled")   # the first is the default
 NEW_GRAPH = "a new graph"   # logged when a graph is compiled after the warm-up
+# graphs of `CompiledLayers._forward` one process may hold: past torch's default (8) dynamo
+# would run a new shape eagerly without a word
+RECOMPILE_LIMIT = 16
 
 
 def mode() -> str:
@@ -167,6 +170,8 @@ class CompiledLayers:
         self.layers = list(layers)
         self.attention = [layer.self_attn.attn for layer in self.layers]
         self.final_norm = final_norm
+        # four graphs per model, the target's and the draft's on the same code
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         self._compiled = torch.compile(self._forward, dynamic=True)
         self.warmed = False
 
@@ -203,6 +208,10 @@ class CompiledLayers:
 
     def __call__(self, hidden, positions, forward_batch):
         graphs = self.graphs()
+        # dynamo's guards tell inference tensors from others, and the caller's mode is the
+        # one the outputs must be usable in: inputs of the other kind are copied into this one
+        inference = torch.is_inference_mode_enabled()
+        hidden, positions = (t if t.is_inference() == inference else t.clone() for t in (hidden, positions))
         with torch.no_grad(), _step(forward_batch, self.attention):
             out = self._compiled(hidden, positions)
         if self.warmed and self.graphs() != graphs:

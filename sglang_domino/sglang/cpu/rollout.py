@@ -91,7 +91,10 @@ class CompiledRollout:
         from others and the mode from grad-free mode, so a warm-up in another mode than
         the step's compiled every graph again in the middle of serving."""
         with torch.inference_mode():
-            draft_hidden, bonus_tokens = (t if t.is_inference() else t.clone() for t in (draft_hidden, bonus_tokens))
+            # copied with fresh strides: the step's bonus tokens are a column of its [bs, block]
+            # ids, and at batch 1 `contiguous()` keeps that stride, which the guards check too
+            draft_hidden, bonus_tokens = (t.clone(memory_format=torch.contiguous_format)
+                                          for t in (draft_hidden, bonus_tokens))
             tokens = self._compiled(draft_hidden, bonus_tokens, embed_weight, lm_head_weight, int(vocab_size),
                                     bool(shift_label), int(candidate_pool_size))
         return tokens.clone()   # an ordinary tensor again: the step writes into what it is given
