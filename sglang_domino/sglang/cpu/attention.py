@@ -21,21 +21,19 @@ measurements); any other value but `batched` (the default) is refused.
 
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import torch
 from torch.nn.functional import scaled_dot_product_attention
+
+from .switches import choice
 
 MODE_ENV = "SGLANG_DOMINO_CPU_ATTENTION"
 MODES = ("batched", "upstream")
 
 
 def mode() -> str:
-    value = os.environ.get(MODE_ENV, "batched").strip().lower() or "batched"
-    if value not in MODES:
-        raise ValueError(f"{MODE_ENV}={value!r}: expected one of {', '.join(MODES)}")
-    return value
+    return choice(MODE_ENV, MODES)
 
 
 def install() -> bool:

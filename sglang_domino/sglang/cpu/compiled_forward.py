@@ -33,28 +33,23 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import time
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
+from .switches import allow_graphs, choice
+
 logger = logging.getLogger(__name__)
 
 MODE_ENV = "SGLANG_DOMINO_CPU_FORWARD"
 MODES = ("eager", "target", "compiled")   # the first is the default
 NEW_GRAPH = "a new graph"   # logged when a graph is compiled after the warm-up
-# graphs of `CompiledLayers._forward` one process may hold: past torch's default (8) dynamo
-# would run a new shape eagerly without a word
-RECOMPILE_LIMIT = 16
 
 
 def mode() -> str:
-    value = os.environ.get(MODE_ENV, MODES[0]).strip().lower() or MODES[0]
-    if value not in MODES:
-        raise ValueError(f"{MODE_ENV}={value!r}: expected one of {', '.join(MODES)}")
-    return value
+    return choice(MODE_ENV, MODES)
 
 
 def compiles(draft: bool) -> bool:
@@ -170,8 +165,7 @@ class CompiledLayers:
         self.layers = list(layers)
         self.attention = [layer.self_attn.attn for layer in self.layers]
         self.final_norm = final_norm
-        # four graphs per model, the target's and the draft's on the same code
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+        allow_graphs()   # four graphs per model, the target's and the draft's on the same code
         self._compiled = torch.compile(self._forward, dynamic=True)
         self.warmed = False
 

@@ -16,17 +16,17 @@ Compiled per block length (the loop over proposals unrolls), shapes dynamic in t
 use (1-12 s each at the test bed's size on 2 cores). Single-rank drafts with a plain
 embedding only; anything else runs upstream's eager rollout.
 
-Opt-in (`SGLANG_DOMINO_CPU_ROLLOUT=compiled`; the default is `eager`, upstream's): an
-adaptive server with it lost up to 5-9 x in its first round, with its graphs compiled in
-the middle of serving and again with them compiled at start-up (`warmup.warm_cpu_rollout`),
-for a reason not found yet; in bfloat16 a fixed width gained nothing (0.98-1.02 x), in
-float32 a fixed width 16 gained 1.01-1.17 x over two runs
+Opt-in (`SGLANG_DOMINO_CPU_ROLLOUT=compiled`; the default is `eager`, upstream's). An
+adaptive server with it once lost up to 5-9 x in its first round: the step's inputs (the
+draft's inference tensors, a strided column of bonus tokens) failed the guards of the
+graphs the warm-up compiled, so every graph was compiled again while serving. It now runs
+in inference mode on fresh copies (`CompiledRollout.__call__`): adaptive 1.03-1.05 x in
+float32 on a 2-core Intel Xeon, width 16 up to 1.17 x, nothing measured in bfloat16 alone
 (docs/cpu.md#the-domino-rollout-compiled-on-cpu-opt-in).
 """
 
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import torch
@@ -34,19 +34,14 @@ import torch.nn.functional as F
 
 from ...rollout import propose_domino
 from .. import sampled_rollout
+from .switches import allow_graphs, choice
 
 MODE_ENV = "SGLANG_DOMINO_CPU_ROLLOUT"
 MODES = ("eager", "compiled")   # the first is the default
-# graphs per block length: batch 1 and the dynamic batch; the adaptive widths and the
-# window bring up to 5 block lengths, more than torch's default of 8 graphs per function
-RECOMPILE_LIMIT = 16
 
 
 def mode() -> str:
-    value = os.environ.get(MODE_ENV, MODES[0]).strip().lower() or MODES[0]
-    if value not in MODES:
-        raise ValueError(f"{MODE_ENV}={value!r}: expected one of {', '.join(MODES)}")
-    return value
+    return choice(MODE_ENV, MODES)
 
 
 class GreedyPick:
@@ -69,8 +64,7 @@ class CompiledRollout:
 
     def __init__(self, prefix_gru, embed_proj):
         self.head = sampled_rollout.UpstreamDominoHead(prefix_gru, embed_proj)
-        limit = torch._dynamo.config.recompile_limit
-        torch._dynamo.config.recompile_limit = max(limit, RECOMPILE_LIMIT)
+        allow_graphs()   # two graphs per block length
         self._compiled = torch.compile(self._rollout, dynamic=True)
 
     def _rollout(self, draft_hidden, bonus_tokens, embed_weight, lm_head_weight, vocab_size: int,
