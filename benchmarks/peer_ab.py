@@ -133,7 +133,7 @@ def run_load(url: str, config: str, prompts: list[list[int]], conc: int, max_new
     else:
         steps = sum(r["verify_steps"] for r in replies)
         run["verify_steps"] = steps
-        if config != "plain":
+        if config.removesuffix(COMPILED) != "plain":
             if steps == 0:
                 raise RuntimeError(f"{config}: meta_info.spec_verify_ct is 0 on every request: no speculation")
             run["accept_length"] = round(tokens / steps, 3)
@@ -259,7 +259,7 @@ def render(summary: dict, configs, concurrencies, meta: dict) -> list[str]:
                 base = summary.get((other, conc))
                 cells.append(f"{row['tok_per_s'] / base['tok_per_s']:.2f}x" if base and base["tok_per_s"] else "—")
             if row["accept_length"] is None:
-                cells.append("1 (plain)" if config in ("plain", "vllm-plain") else "—")
+                cells.append("1 (plain)" if config in ("plain", "plain" + COMPILED, "vllm-plain") else "—")
             else:
                 per_draft = row.get("tokens_per_draft")
                 cells.append(f"{row['accept_length']:.2f}" + (f" ({per_draft:.2f})" if per_draft is not None else ""))

@@ -57,7 +57,7 @@ IDLE_NEEDLES = ("recv_requests", "Scheduler.on_idle", "self_check_during_idle", 
 PHASE_RULES: list[tuple[str, tuple[str, ...]]] = [
     ("idle, polling for requests", IDLE_NEEDLES),
     ("rollout (Domino head)", ("domino_greedy_rollout", "around_domino_rollout", "_domino_gru_cell")),
-    ("draft forward", ("DFlashDraftModel.forward", f"{WORKER}:2688")),
+    ("draft forward", ("DFlashDraftModel.forward", "CompiledDraft.__call__", f"{WORKER}:2688")),
     ("verify: target forward", (f"{WORKER}:2875",)),
     ("prefill (target, draft KV)", (f"{WORKER}:2348", f"{WORKER}:2408", "EagerRunner._execute_extend")),
     ("draft KV append (target hidden)", ("_append_target_hidden_to_draft_kv_by_loc",)),
@@ -86,6 +86,9 @@ OP_RULES: list[tuple[str, tuple[str, ...]]] = [
     ("GRU (Domino head)", ("GRU.forward", "_domino_gru_cell")),
     ("norm, rope, activation", ("RMSNorm", "rotary_emb", "RotaryEmbedding", "SiluAndMul", "silu",
                                 "apply_qk_norm")),
+    # code torch.compile generated (the opt-in compiled layers and rollout, cpu/compiled_forward.py,
+    # cpu/rollout.py) and its call wrappers; the attention they call is counted above
+    ("compiled graphs (torch.compile), their calls", ("CompiledFxGraph.__call__", "compile_wrapper")),
     ("rollout (Domino head), other ops", ("domino_greedy_rollout",)),
     ("model forward, Python between ops", ("ModelRunner.forward",)),
     ("outside the forwards: scheduler, worker, streaming", ("Scheduler.event_loop",)),

@@ -59,6 +59,18 @@ def test_batched_attention_of_the_plugin_is_attention():
     assert ps.classify(batched.split(";"), ps.OP_RULES) == "attention"
 
 
+def test_compiled_graphs_are_their_own_bucket_and_attention_inside_them_stays_attention():
+    """The opt-in compiled layers: time in the code torch.compile generated is counted as
+    such (its frames name no norm or linear), the attention it calls as attention."""
+    graph = (f"{RUN};CompiledTarget.__call__ (sglang_domino/sglang/cpu/compiled_forward.py:220);"
+             "_TorchDynamoContext.__call__.<locals>.compile_wrapper (torch/_dynamo/eval_frame.py:1261);"
+             "CompiledFxGraph.__call__ (torch/_inductor/output_code.py:828);Runner.call (cm4povmv.py:1658)")
+    assert ps.classify(graph.split(";"), ps.OP_RULES) == "compiled graphs (torch.compile), their calls"
+    inside = graph + ";cpu_attention (sglang_domino/sglang/cpu/compiled_forward.py:95);" \
+        "RadixAttention.forward (radix_attention.py:100);attend (sglang_domino/sglang/cpu/attention.py:71)"
+    assert ps.classify(inside.split(";"), ps.OP_RULES) == "attention"
+
+
 def test_fold_of_nothing_is_empty_and_unknown_frames_are_other():
     assert ps.fold([], ps.PHASE_RULES) == {}
     assert ps.fold([(["mystery (a.py:1)"], 3)], ps.PHASE_RULES) == {ps.OTHER: 1.0}
