@@ -86,8 +86,11 @@ def main(argv=None) -> None:
     ap.add_argument("--configs", nargs="+", default=["plain", "domino"],
                     help="plain, a test-bed draft (domino, dflash), or <draft>+q for the q rule")
     ap.add_argument("--baseline", metavar="REV", help="the plugin at this git revision against the working tree")
+    ap.add_argument("--server-env", action="append", default=[], metavar="KEY=VALUE",
+                    help="add to both sides' servers' environment (e.g. SGLANG_DOMINO_CPU_FORWARD=compiled)")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "cpu-attention"))
     args = ap.parse_args(argv)
+    extra_env = dict(item.split("=", 1) for item in args.server_env)
     os.makedirs(args.out, exist_ok=True)
     cfg = bench_config(args.prompts, args.concurrencies, args.temperature, args.top_k, args.top_p)
     prompts = render_prompts(cfg)
@@ -98,7 +101,7 @@ def main(argv=None) -> None:
             for config in args.configs:
                 # alternate which side goes first, round by round
                 for side, env in (both if rnd % 2 == 0 else both[::-1]):
-                    tps = serve_and_measure(cfg, config, side, env, prompts, args.out)
+                    tps = serve_and_measure(cfg, config, side, {**env, **extra_env}, prompts, args.out)
                     runs.append({"round": rnd, "config": config, "mode": side, "tok_per_s": tps})
                     print(json.dumps(runs[-1]), flush=True)
     info = machine()
@@ -110,7 +113,7 @@ def main(argv=None) -> None:
     title = ("0.5.23's torch_native attention loops vs the batched attention" if args.baseline is None
              else f"the CPU port at {first} vs the working tree")
     command = "python -m benchmarks.attention_ab" + (f" --baseline {args.baseline}" if args.baseline else "")
-    command += f" --configs {' '.join(args.configs)}"
+    command += f" --configs {' '.join(args.configs)}" + "".join(f" --server-env {e}" for e in args.server_env)
     if args.temperature:
         command += f" --temperature {args.temperature} --top-k {args.top_k} --top-p {args.top_p}"
     sampling = ("greedy" if args.temperature == 0

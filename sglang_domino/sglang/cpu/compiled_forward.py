@@ -78,9 +78,12 @@ class _Step:
 
 @contextlib.contextmanager
 def _step(batch, layers):
+    from .attention import plan_scope
+
     _Step.batch, _Step.layers = batch, layers
     try:
-        yield
+        with plan_scope():   # the batched attention plans once for all the layers
+            yield
     finally:
         _Step.batch, _Step.layers = None, []
 
