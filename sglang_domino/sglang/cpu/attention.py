@@ -21,8 +21,7 @@ measurements); any other value but `batched` (the default) is refused.
 
 from __future__ import annotations
 
-import contextlib
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import torch
 from torch.nn.functional import scaled_dot_product_attention
@@ -48,73 +47,6 @@ def install() -> bool:
     return True
 
 
-class Plan(NamedTuple):
-    """What every layer of one forward shares: each request's key slots, padded to the
-    longest, and the mask (None where SDPA needs none)."""
-    slots: torch.Tensor             # [bs * L] int64, a shorter request's tail reading slot 0
-    longest: int
-    mask: Optional[torch.Tensor]    # [bs, 1, q_len or 1, L] bool
-    is_causal: bool
-
-
-class _Plans:
-    """The plans of the forward in progress (`plan_scope`), by their inputs' identity; the
-    inputs are held with them, so no id is reused while the scope lasts."""
-    active: Optional[dict] = None
-
-
-@contextlib.contextmanager
-def plan_scope():
-    """Plan once per forward: inside, `attend` reuses the plan of the first layer that
-    asked with the same tensors (the compiled forwards enter it for one forward; the
-    batch's lengths and `req_to_token` rows do not change between its layers)."""
-    previous, _Plans.active = _Plans.active, {}
-    try:
-        yield
-    finally:
-        _Plans.active = previous
-
-
-def plan(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, kv_lens: torch.Tensor, q_len: int,
-         causal: bool, sliding_window_size: Optional[int]) -> Plan:
-    """`attend`'s plan, memoised within a `plan_scope`."""
-    memo = _Plans.active
-    if memo is None:
-        return _plan(req_to_token, req_pool_indices, kv_lens, q_len, causal, sliding_window_size)
-    key = (id(req_to_token), id(req_pool_indices), id(kv_lens), q_len, causal, sliding_window_size)
-    if key not in memo:
-        memo[key] = ((req_to_token, req_pool_indices, kv_lens),
-                     _plan(req_to_token, req_pool_indices, kv_lens, q_len, causal, sliding_window_size))
-    return memo[key][1]
-
-
-def _plan(req_to_token, req_pool_indices, kv_lens, q_len, causal, sliding_window_size) -> Plan:
-    device = req_to_token.device
-    longest, ragged = int(kv_lens.max()), bool(kv_lens.min() < kv_lens.max())   # host tensors on CPU
-    cols = torch.arange(longest, device=device)
-    slots = req_to_token[req_pool_indices.to(torch.int64)[:, None], cols[None, :]].to(torch.int64)  # [bs, L]
-    lens = kv_lens.to(torch.int64)[:, None, None]                        # [bs, 1, 1]
-    key_pos = cols[None, None, :]                                        # [1, 1, L]
-    if ragged:
-        # a shorter request's row past its length holds whatever slot was there before: read slot 0, masked
-        slots = torch.where(key_pos[:, 0] < lens[:, 0], slots, 0)
-    windowed = sliding_window_size is not None and sliding_window_size > -1
-    # a mask only where one is needed: SDPA's fused kernel otherwise (a decode step of equal
-    # lengths; one request's decode row); a causal single row sees all of its keys
-    mask, is_causal = None, False
-    if causal and not ragged and not windowed and q_len == longest:
-        is_causal = True    # rows and keys aligned (a prefill without a cached prefix): SDPA's own causal kernel
-    elif ragged or windowed or (causal and q_len > 1):
-        allowed = key_pos < lens                                         # [bs, 1, L]
-        row_pos = lens - q_len + torch.arange(q_len, device=device)[None, :, None]   # [bs, q, 1]
-        if causal:
-            allowed = allowed & (key_pos <= row_pos)
-        if windowed:
-            allowed = allowed & (key_pos >= row_pos - sliding_window_size)
-        mask = allowed[:, None]
-    return Plan(slots.reshape(-1), longest, mask, is_causal)
-
-
 def attend(query: torch.Tensor, output: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
            req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, kv_lens: torch.Tensor, q_len: int, *,
            scaling=None, enable_gqa: bool = False, causal: bool = False,
@@ -128,14 +60,34 @@ def attend(query: torch.Tensor, output: torch.Tensor, k_cache: torch.Tensor, v_c
     given); otherwise every row sees all kv_lens[r] keys."""
     bs = int(kv_lens.shape[0])
     heads, dim = int(query.shape[1]), int(query.shape[2])
-    p = plan(req_to_token, req_pool_indices, kv_lens, q_len, causal, sliding_window_size)
-    # index_select over the flattened slots: several times cheaper than advanced indexing here
-    keys = k_cache.index_select(0, p.slots).view(bs, p.longest, *k_cache.shape[1:]).permute(0, 2, 1, 3)
-    values = v_cache.index_select(0, p.slots).view(bs, p.longest, *v_cache.shape[1:]).permute(0, 2, 1, 3)
+    longest, ragged = int(kv_lens.max()), bool(kv_lens.min() < kv_lens.max())   # host tensors on CPU
+    cols = torch.arange(longest, device=query.device)
+    slots = req_to_token[req_pool_indices.to(torch.int64)[:, None], cols[None, :]].to(torch.int64)  # [bs, L]
+    lens = kv_lens.to(torch.int64)[:, None, None]                        # [bs, 1, 1]
+    key_pos = cols[None, None, :]                                        # [1, 1, L]
+    if ragged:
+        # a shorter request's row past its length holds whatever slot was there before: read slot 0, masked
+        slots = torch.where(key_pos[:, 0] < lens[:, 0], slots, 0)
+    keys = k_cache[slots].permute(0, 2, 1, 3)      # [bs, kv_heads, L, dim]
+    values = v_cache[slots].permute(0, 2, 1, 3)
     q = query.view(bs, q_len, heads, dim).permute(0, 2, 1, 3)
     if keys.dtype != q.dtype:  # as upstream: the cache may be stored in another dtype
         keys, values = keys.to(q.dtype), values.to(q.dtype)
-    out = scaled_dot_product_attention(q, keys, values, attn_mask=p.mask, is_causal=p.is_causal, scale=scaling,
+    windowed = sliding_window_size is not None and sliding_window_size > -1
+    # a mask only where one is needed: SDPA's fused kernel otherwise (a decode step of equal
+    # lengths; one request's decode row); a causal single row sees all of its keys
+    mask, is_causal = None, False
+    if causal and not ragged and not windowed and q_len == longest:
+        is_causal = True    # rows and keys aligned (a prefill without a cached prefix): SDPA's own causal kernel
+    elif ragged or windowed or (causal and q_len > 1):
+        allowed = key_pos < lens                                         # [bs, 1, L]
+        row_pos = lens - q_len + torch.arange(q_len, device=query.device)[None, :, None]   # [bs, q, 1]
+        if causal:
+            allowed = allowed & (key_pos <= row_pos)
+        if windowed:
+            allowed = allowed & (key_pos >= row_pos - sliding_window_size)
+        mask = allowed[:, None]
+    out = scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=is_causal, scale=scaling,
                                        enable_gqa=enable_gqa)
     output.copy_(out.permute(0, 2, 1, 3).reshape(bs * q_len, heads, -1))
     return output
@@ -185,5 +137,4 @@ def _uniform(lengths: Optional[torch.Tensor]) -> Optional[int]:
     return first if first > 0 and bool((lengths == first).all()) else None
 
 
-__all__ = ["MODE_ENV", "Plan", "attend", "around_sdpa_forward_decode", "around_sdpa_forward_extend", "install", "mode",
-           "plan", "plan_scope"]
+__all__ = ["MODE_ENV", "attend", "around_sdpa_forward_decode", "around_sdpa_forward_extend", "install", "mode"]

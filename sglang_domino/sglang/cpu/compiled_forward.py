@@ -78,12 +78,9 @@ class _Step:
 
 @contextlib.contextmanager
 def _step(batch, layers):
-    from .attention import plan_scope
-
     _Step.batch, _Step.layers = batch, layers
     try:
-        with plan_scope():   # the batched attention plans once for all the layers
-            yield
+        yield
     finally:
         _Step.batch, _Step.layers = None, []
 

@@ -135,34 +135,3 @@ def test_a_prefill_of_equal_prompts_equals_upstreams_loop():
     got = attention.around_sdpa_forward_extend(UPSTREAM_EXTEND, None, q, torch.empty_like(q), *args,
                                                enable_gqa=True, causal=True)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
-
-
-def test_within_one_forward_the_layers_share_one_plan(monkeypatch):
-    """In a `plan_scope` (one compiled forward) the first layer's plan serves the next
-    layers given the same batch tensors, with upstream's results; another block width or
-    another batch plans again; outside a scope nothing is kept."""
-    g, k, v, req_to_token = _cache(3)
-    width, seq_lens, pools = 4, torch.tensor([9, 25, 6]), torch.tensor([2, 0, 1])
-    extend = torch.full((3,), width)
-    planned = []
-    monkeypatch.setattr(attention, "_plan", lambda *a: planned.append(a[3]) or ORIGINAL_PLAN(*a))
-
-    def layer(seed, causal=True, lens=seq_lens):
-        q = torch.randn(3 * width, HEADS, DIM, generator=torch.Generator().manual_seed(seed))
-        args = (q, torch.empty_like(q), k, v, req_to_token, pools, lens, lens - width, extend)
-        want = _unbound(UPSTREAM_EXTEND)(*args, scaling=0.5, enable_gqa=True, causal=causal)
-        got = attention.around_sdpa_forward_extend(UPSTREAM_EXTEND, None, *args, scaling=0.5, enable_gqa=True,
-                                                   causal=causal)
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
-
-    with attention.plan_scope():
-        for seed in range(4):          # four layers of one verify
-            layer(seed)
-        layer(9, causal=False)         # the draft's block: non-causal, planned apart
-        layer(10, lens=seq_lens + 1)   # another batch (other tensors)
-    assert planned == [width] * 3
-    layer(11), layer(12)               # no scope: every layer plans
-    assert planned == [width] * 5 and attention._Plans.active is None
-
-
-ORIGINAL_PLAN = attention._plan
