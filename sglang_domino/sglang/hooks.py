@@ -575,6 +575,12 @@ DEPENDS: tuple[Dependency, ...] = (
     Dependency(f"{_S}.models.dflash.DFlashDraftModel.forward", "the eager forward the compiled draft reproduces"),
     Dependency(f"{_S}.models.dflash.DFlashAttention", "a draft layer's attention compiles only without value scales, "
                "sinks or a subclass's own output", attributes=("v_scale", "attention_sink_bias", "q_size", "kv_size")),
+    Dependency(f"{_S}.layers.aux_hidden_states.AuxHiddenStateList", "the container the compiled target hands DFLASH "
+               "its captured residual streams in, as upstream's forward does"),
+    Dependency(f"{_S}.layers.logits_processor.LogitsProcessorOutput", "what the compiled draft returns its block's "
+               "hidden states in, as upstream's draft forward does", params=("next_token_logits", "hidden_states")),
+    Dependency(f"{_S}.model_executor.model_runner.ModelRunner", "`after_load_model` reads which runner loaded: "
+               "the draft's or the target's, on which device", attributes=("is_draft_worker", "device", "model")),
     Dependency(f"{_S}.layers.quantization.unquant.UnquantizedLinearMethod", "only unquantized linear layers compile "
                "(their weight used as is)"),
 )
