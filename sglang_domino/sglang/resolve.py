@@ -7,7 +7,8 @@ publishes what the schedulers need as one `settings.SchedulerSettings`:
   * `--speculative-adaptive` (a verify width per decode step);
   * `--speculative-use-rejection-sampling` (the q rule, Domino drafts only);
   * the draft checked against the target;
-  * `--device cpu` (the CPU port lifts DFLASH's device gate for the step).
+  * `--device cpu` (the CPU port lifts DFLASH's device gate for the step and runs the
+    synchronous scheduler loop, as 0.5.23 does for its other speculative algorithms on CPU).
 """
 
 from __future__ import annotations
@@ -35,9 +36,11 @@ def resolve_speculative(server_args, previous):
 
     if str(cfg.device).startswith("cpu"):
         from .cpu.dflash import dflash_allowed_on_cpu
+        from .cpu.resolve import overlap_off_for_dflash_on_cpu
 
         with dflash_allowed_on_cpu():
             previous(server_args)
+        overlap_off_for_dflash_on_cpu(server_args)
     else:
         previous(server_args)
 

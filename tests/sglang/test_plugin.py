@@ -75,10 +75,11 @@ def test_resolution_on_cpu_verify_width_and_its_limits(sglang_tmp, models):
     ])
     # the scheduler accounts in verify windows (8: verify batch, target graphs, result
     # stride); the draft block (16) travels apart and sizes the runners' buffers
+    # on CPU the synchronous scheduler loop, as 0.5.23 declares for EAGLE and n-gram there
     assert w8 == {"ok": True, "num_draft_tokens": 8, "draft_backend": "torch_native", "block": 8,
-                  "max_draft": 16, "draft_block": "16"}
+                  "max_draft": 16, "draft_block": "16", "overlap": False}
     assert plain == {"ok": True, "num_draft_tokens": 16, "draft_backend": "torch_native", "block": 16,
-                     "max_draft": 16}
+                     "max_draft": 16, "overlap": False}
     assert not too_wide["ok"]
     assert "verify width" in too_wide["error"]
     assert "larger than --speculative-dflash-block-size 8" in too_wide["error"]
@@ -95,8 +96,9 @@ def test_resolution_on_cuda_keeps_flashinfer_for_the_draft(sglang_tmp, models):
                             "--speculative-num-draft-tokens", "16"]),
     ], device="cuda")
     assert b8 == {"ok": True, "num_draft_tokens": 8, "draft_backend": "flashinfer", "block": 8, "max_draft": 16,
-                  "draft_block": "16"}
-    assert b16 == {"ok": True, "num_draft_tokens": 16, "draft_backend": "flashinfer", "block": 16, "max_draft": 16}
+                  "draft_block": "16", "overlap": True}
+    assert b16 == {"ok": True, "num_draft_tokens": 16, "draft_backend": "flashinfer", "block": 16, "max_draft": 16,
+                   "overlap": True}
 
 
 def test_resolution_of_the_transformers_window_option(sglang_tmp, models):
@@ -105,7 +107,7 @@ def test_resolution_of_the_transformers_window_option(sglang_tmp, models):
         (models["dflash"], ["--speculative-dflash-block-size", "16"]),
     ], env={"SGLANG_DOMINO_HF_WINDOW": "1"})
     assert hf17 == {"ok": True, "num_draft_tokens": 17, "draft_backend": "torch_native", "block": 17,
-                    "max_draft": 17, "draft_block": "16"}
+                    "max_draft": 17, "draft_block": "16", "overlap": False}
     assert not dflash["ok"] and "needs a Domino draft with dflash_config.shift_label=true" in dflash["error"]
 
 

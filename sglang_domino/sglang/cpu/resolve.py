@@ -23,3 +23,18 @@ def resolve_mamba_on_cpu(server_args, previous):
             "snapshots), or --disable-radix-cache.")
     return previous(server_args)
 
+
+
+def overlap_off_for_dflash_on_cpu(server_args) -> None:
+    """`--device cpu` with DFLASH: the synchronous scheduler loop, as 0.5.23 already declares
+    for its EAGLE family and n-gram on CPU (`speculative_hook._disable_overlap_schedule_for_cpu`,
+    called from their branches but not from `_handle_dflash`; it logs upstream's warning).
+
+    The overlap loop launches step N + 1 before it processes step N's results. A CPU forward
+    runs on the scheduler's own thread, so nothing overlaps; what is left is that a request
+    whose last step finished it runs one more step before its reply goes out. A Domino
+    request of 128 tokens takes about 11 steps: on the test bed the synchronous loop serves
+    1.12x at c1 and 1.14x at c8 (2-core Intel Xeon, float32, docs/cpu.md)."""
+    from sglang.srt.arg_groups.speculative_hook import _disable_overlap_schedule_for_cpu
+
+    _disable_overlap_schedule_for_cpu(server_args)

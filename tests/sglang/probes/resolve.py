@@ -39,6 +39,7 @@ def probe(params) -> list[dict]:
                                draft_backend=v.speculative_draft_attention_backend,
                                block=v.speculative_dflash_block_size,
                                max_draft=max_speculative_num_draft_tokens(sa),
+                               overlap=not v.disable_overlap_schedule,
                                **({"retraction_backup": v.disaggregation_decode_retraction_backup}
                                   if str(v.disaggregation_mode) != "null" else {}), **handed))
         except Exception as err:
