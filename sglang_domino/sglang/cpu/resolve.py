@@ -30,11 +30,10 @@ def overlap_off_for_dflash_on_cpu(server_args) -> None:
     for its EAGLE family and n-gram on CPU (`speculative_hook._disable_overlap_schedule_for_cpu`,
     called from their branches but not from `_handle_dflash`; it logs upstream's warning).
 
-    The overlap loop launches step N + 1 before it processes step N's results. A CPU forward
-    runs on the scheduler's own thread, so nothing overlaps; what is left is that a request
-    whose last step finished it runs one more step before its reply goes out. A Domino
-    request of 128 tokens takes about 11 steps: on the test bed the synchronous loop serves
-    1.12x at c1 and 1.14x at c8 (2-core Intel Xeon, float32, docs/cpu.md)."""
+    The overlap loop launches step N + 1 before it processes step N's results; a CPU
+    forward runs on the scheduler's own thread, so nothing overlaps. With `--sleep-on-idle`
+    the overlap loop cost a Domino server 11-13 % on the test bed; without it the two loops
+    measured the same (docs/cpu.md, "DFLASH on CPU")."""
     from sglang.srt.arg_groups.speculative_hook import _disable_overlap_schedule_for_cpu
 
     _disable_overlap_schedule_for_cpu(server_args)
