@@ -24,7 +24,6 @@ def resolve_mamba_on_cpu(server_args, previous):
     return previous(server_args)
 
 
-
 def overlap_off_for_dflash_on_cpu(server_args) -> None:
     """`--device cpu` with DFLASH: the synchronous scheduler loop, as 0.5.23 already declares
     for its EAGLE family and n-gram on CPU (`speculative_hook._disable_overlap_schedule_for_cpu`,
