@@ -31,8 +31,8 @@ def overlap_off_for_dflash_on_cpu(server_args) -> None:
 
     The overlap loop launches step N + 1 before it processes step N's results; a CPU
     forward runs on the scheduler's own thread, so nothing overlaps. With `--sleep-on-idle`
-    the overlap loop cost a Domino server 11-13 % on the test bed; without it the two loops
-    measured the same (docs/cpu.md, "DFLASH on CPU")."""
+    the synchronous loop served a Domino server 1.12x (c1) and 1.14x (c8) on the test bed;
+    without it the two loops measured the same (docs/cpu.md, "DFLASH on CPU")."""
     from sglang.srt.arg_groups.speculative_hook import _disable_overlap_schedule_for_cpu
 
     _disable_overlap_schedule_for_cpu(server_args)
