@@ -51,6 +51,12 @@ SERVERS = {
     # each request's acceptance pulled harder towards the server's (32 pseudo-counts, not 4)
     "adaptive, prior weight 32": {"prior_weight": 32.0},
     "adaptive, prior weight 32, slow decay": {"prior_weight": 32.0, "request_decay": 0.97},
+    # the defaults before 2026-12-04: a request's counts kept through its width-1 steps,
+    # 4 pseudo-counts of the server's rates behind them; then the width-1 fade alone, and
+    # the fade with 1 pseudo-count (the defaults since)
+    "adaptive, before width-1 fade": {"unverified_decay": 1.0, "prior_weight": 4.0},
+    "adaptive, width-1 fade": {"unverified_decay": 0.9, "prior_weight": 4.0},
+    "adaptive, width-1 fade, prior weight 1": {"unverified_decay": 0.9, "prior_weight": 1.0},
 }
 # the same servers with one OpenMP thread (docs/cpu-profile.md: on 2 cores the second
 # thread waits on the first at every small op)
@@ -86,8 +92,10 @@ def server_env(name: str) -> Optional[dict]:
 
 
 @contextlib.contextmanager
-def serve(cfg, name: str, out: str):
-    """One server of SERVERS, healthy; its URL."""
+def serve(cfg, name: str, out: str, trace: Optional[str] = None):
+    """One server of SERVERS, healthy; its URL. `trace`: a directory where an adaptive
+    server records its steps' acceptance (`AdaptiveWidthConfig.trace`, one subdirectory
+    per server) for `benchmarks.policy_replay`."""
     from sglang_domino.launch import free_port, start
 
     settings = SERVERS[name]
@@ -95,6 +103,8 @@ def serve(cfg, name: str, out: str):
     extra: tuple[str, ...] = ("--sleep-on-idle",)
     draft = None
     if settings is not None:
+        if trace:
+            settings = {**settings, "trace": os.path.join(os.path.abspath(trace), slug)}
         path = os.path.join(out, f"adaptive-{slug}.json")
         with open(path, "w", encoding="utf-8") as fh:
             json.dump(settings, fh)
@@ -158,6 +168,8 @@ def main(argv=None) -> None:
                                                       "width 16"], choices=list(SERVERS))
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "width1-step"))
     ap.add_argument("--report", action="store_true", help="rewrite the markdown from DIR/interleaved_ab.json")
+    ap.add_argument("--trace", help="a directory where the adaptive and pinned servers record each decode step's "
+                                    "acceptance (for benchmarks.policy_replay)")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     if args.report:
@@ -172,7 +184,7 @@ def main(argv=None) -> None:
     prompts = render_prompts(cfg)
     runs = []
     with contextlib.ExitStack() as stack:
-        urls = {name: stack.enter_context(serve(cfg, name, args.out)) for name in args.servers}
+        urls = {name: stack.enter_context(serve(cfg, name, args.out, args.trace)) for name in args.servers}
         warm = cfg.model_copy(update={"max_new_tokens": 16})
         for url in urls.values():
             run_group(url, warm, prompts[: max(args.concurrencies)])

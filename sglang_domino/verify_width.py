@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Iterator, Optional, Sequence
@@ -54,10 +55,16 @@ class AdaptiveWidthConfig(BaseModel):
 
     widths: list[int] = Field(default_factory=lambda: list(DEFAULT_WIDTHS))
     prior_accept: float = Field(0.7, gt=0.0, lt=1.0)
-    prior_weight: float = Field(4.0, ge=0.0)
+    # 1 since 2026-12-04 (4 before): with `unverified_decay` a request's own counts lead
+    # sooner (docs/adaptive-width.md, "Width-1 steps and a request's estimate")
+    prior_weight: float = Field(1.0, ge=0.0)
     # a request's counts decay once per step the request is verified in; the server's once
     # per decode step, whatever the batch size (see `AcceptanceStats`)
     request_decay: float = Field(0.9, gt=0.0, le=1.0)
+    # a request's counts decay once per width-1 step too, which verifies nothing: while a
+    # request runs at width 1 its estimate drifts back to the server's rates, so a low
+    # reading is tried again (1.0: it stays until a probe, as before 2026-12-04)
+    unverified_decay: float = Field(0.9, gt=0.0, le=1.0)
     server_decay: float = Field(0.99, gt=0.0, le=1.0)
     cost_ema: float = Field(0.3, gt=0.0, le=1.0)
     # the running width's price changes are the machine's speed, which every other
@@ -78,6 +85,10 @@ class AdaptiveWidthConfig(BaseModel):
     # for measurements and tests: decode steps at these widths in turn (each one of
     # `widths`); the policy still learns acceptance and costs but does not choose
     pin: Optional[list[int]] = None
+    # for measurements: a directory where each scheduler process appends one JSON line per
+    # decode step (its requests, width and accepted proposals) to `accept-<pid>.jsonl`,
+    # what `benchmarks.policy_replay` replays the policy on
+    trace: Optional[str] = None
 
     @field_validator("widths")
     @classmethod
@@ -185,6 +196,10 @@ class AcceptanceStats:
         """One step's verify at `width`: `accepted[i]` proposals of (distinct) `rids[i]`."""
         rows = self._rows(rids, allocate=True)
         self.seen[rows] = self.steps
+        if width <= 1 and len(rows) and self.cfg.unverified_decay < 1.0:
+            # nothing was proposed: the evidence only ages (`unverified_decay`)
+            self.tried[rows] *= self.cfg.unverified_decay
+            self.accepted[rows] *= self.cfg.unverified_decay
         if width <= 1 or not self.positions or not len(rows):  # nothing was proposed
             return
         # position k was verified when the k proposals before it were accepted, and
@@ -481,6 +496,7 @@ class AdaptiveWidth:
     # width is still being timed); against what steps got: `tally`
     last_expected: Optional[float] = field(init=False, default=None)
     tallies: dict[int, list[float]] = field(init=False, default_factory=dict)
+    _trace: Optional[object] = field(init=False, default=None, repr=False)   # `cfg.trace`'s file, once open
 
     def __post_init__(self):
         self.stats = AcceptanceStats(max(self.cfg.widths), self.cfg)
@@ -615,6 +631,17 @@ class AdaptiveWidth:
         """The proposals each request of a step at `width` had accepted (bonus excluded)."""
         self.stats.observe_batch(rids, width, accepted)
         self.stats.end_step()
+        if self.cfg.trace:
+            self._record(rids, width, accepted)
+
+    def _record(self, rids, width, accepted) -> None:
+        """One line of `trace` (see `AdaptiveWidthConfig.trace`)."""
+        if self._trace is None:
+            os.makedirs(self.cfg.trace, exist_ok=True)
+            self._trace = open(os.path.join(self.cfg.trace, f"accept-{os.getpid()}.jsonl"), "a",
+                               encoding="utf-8", buffering=1)
+        self._trace.write(json.dumps({"rids": [str(r) for r in rids], "width": int(width),
+                                      "accepted": [int(a) for a in accepted]}) + "\n")
 
     def observe_cost(self, bs: int, width: int, seconds: float) -> None:
         self.costs.observe(bs, width, seconds)

@@ -87,6 +87,29 @@ def test_new_requests_start_at_the_server_rates_and_move_to_their_own():
     assert stats.survival("bad")[0] < 0.2 < stats.survival("new")[0]
 
 
+def test_a_request_estimate_fades_back_to_the_server_rates_on_width_1_steps():
+    """A width-1 step verifies nothing; with `unverified_decay` the request's own counts
+    age on it, so a low reading does not hold a request at width 1 until a probe (on
+    the served temperature-1.5 load the policy sat at width 1 for 32 steps and more,
+    then went straight back to width 16 after one probe)."""
+    for decay, fades in ((0.9, True), (1.0, False)):
+        cfg = AdaptiveWidthConfig(prior_weight=1.0, request_decay=0.9, server_decay=1.0, unverified_decay=decay)
+        stats = AcceptanceStats(16, cfg)
+        for i in range(40):
+            stats.observe(f"other{i % 4}", width=16, accepted=10)
+        for _ in range(3):
+            stats.observe("low", width=16, accepted=0)
+        low = stats.survival("low")[0]
+        assert low < 0.5 < stats.survival(None)[0]
+        for _ in range(60):
+            stats.observe_batch(["low"], 1, [0])
+        after = stats.survival("low")[0]
+        if fades:
+            assert low < after and after == pytest.approx(stats.survival(None)[0], abs=0.05)
+        else:
+            assert after == pytest.approx(low)
+
+
 def test_stale_requests_are_forgotten():
     stats = AcceptanceStats(16, AdaptiveWidthConfig())
     stats.observe("gone", 16, 3)
@@ -96,10 +119,13 @@ def test_stale_requests_are_forgotten():
     assert "gone" not in stats.requests and "live" in stats.requests
 
 
-def reference_add(tried: list, accepted: list, width: int, a: int, decay: float) -> None:
+def reference_add(tried: list, accepted: list, width: int, a: int, decay: float, unverified: float) -> None:
     """One verify added to per-position counts the straightforward way (a Python loop per
-    position), to hold the vectorised updates to."""
+    position), to hold the vectorised updates to; a width-1 step only ages them."""
     if width <= 1:
+        for k in range(len(tried)):
+            tried[k] *= unverified
+            accepted[k] *= unverified
         return
     for k in range(len(tried)):
         tried[k] *= decay
@@ -128,7 +154,7 @@ def test_a_batched_step_updates_each_request_as_its_own_verify():
         batched.end_step()
         for rid, a in zip(batch, accepted):
             single.observe(rid, width, a)
-            reference_add(*reference[rid], width, a, cfg.request_decay)
+            reference_add(*reference[rid], width, a, cfg.request_decay, cfg.unverified_decay)
         single.end_step()
     for rid in rids:
         got = batched.requests[rid]
@@ -148,7 +174,7 @@ def test_the_server_counts_decay_once_per_step():
         stats.end_step()
         step = ([0.0] * 15, [0.0] * 15)
         for a in accepted:
-            reference_add(*step, width, a, 1.0)
+            reference_add(*step, width, a, 1.0, 1.0)
         if width > 1:
             server = tuple([cfg.server_decay * c + n for c, n in zip(old, new)] for old, new in zip(server, step))
     assert stats.server.tried.tolist() == server[0] and stats.server.accepted.tolist() == server[1]

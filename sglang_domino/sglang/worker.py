@@ -244,10 +244,10 @@ class DominoDFlashWorker(DFlashWorkerV2):
         seconds = self._clock.elapsed(marks)
         if seconds is not None:
             self.width_policy.observe_cost(len(rids), width, seconds)
-        if width > 1 and len(rids) == len(num_correct_drafts_per_req):
-            # a width-1 step proposes nothing: no acceptance to learn from
+        if len(rids) == len(num_correct_drafts_per_req):
+            # a width-1 step proposes nothing: no acceptance to learn from, only its age
             self.width_policy.observe_step(rids, width, num_correct_drafts_per_req)
-            if expected is not None:
+            if expected is not None and width > 1:
                 self.width_policy.tally(width, expected, num_correct_drafts_per_req)
 
     def _choose_width(self, rids) -> int:
