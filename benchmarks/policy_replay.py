@@ -39,8 +39,9 @@ from sglang_domino.verify_width import AdaptiveWidth, AdaptiveWidthConfig
 # adaptive float32 server on the temperature-1.5 load (2-core Intel Xeon with AMX, 2026-12-04;
 # 600 width-1 laps, 690 at width 16, 85 at width 8, fewer at 2 and 4)
 DEFAULT_COSTS = {1: (7.0, 0.36), 2: (12.8, 0.88), 4: (13.0, 0.9), 8: (13.6, 1.36), 16: (15.0, 2.2)}
-# a plain server's step over a width-1 step of the speculative server: 0.84-0.87 of plain's
-# tok/s measured side by side at c8 / c16 on that load (benchmarks/results/policy-replay)
+# a plain server's step over a width-1 step of the speculative server: a server pinned to
+# width 1 served 0.87 / 0.84 of plain's tok/s side by side at c8 / c16 on that load
+# (benchmarks/results/width1-floor-t1.5-fp32)
 DEFAULT_PLAIN = 0.85
 
 
