@@ -78,3 +78,11 @@ def test_on_the_served_temperature_1_5_trace_width_1_steps_no_longer_hold_a_low_
     assert now >= 0.97 * best
     assert then < 0.96 * best and now > 1.04 * then
     assert AdaptiveWidthConfig().unverified_decay < 1.0
+
+
+def test_a_traced_policy_writes_what_the_replay_reads(tmp_path):
+    policy = AdaptiveWidth(AdaptiveWidthConfig(trace=str(tmp_path / "trace")))
+    policy.observe_step(["a", "b"], 16, [3, 15])
+    policy.observe_step(["a"], 1, [0])
+    policy.observe_step(["a", "b"], 16, [0, 2])
+    assert load_traces(str(tmp_path / "trace")) == [[3, 0], [15, 2]]

@@ -171,3 +171,24 @@ def test_keeping_and_writing_rows_reads_nothing_back_on_fake_cuda():
         (call,) = writes.calls
         assert call["target_hidden"].shape == (12, HIDDEN) and call["target_hidden"].device.type == "cuda"
         assert call["cache_loc_2d"].shape == (12, 1)
+
+
+def test_a_width_1_steps_result_ages_its_requests_estimates(monkeypatch):
+    """The scheduler's hook after a width-1 step hands the step to the policy, which ages
+    the requests' counts (`unverified_decay`); before, width-1 steps never reached it."""
+    import collections
+
+    from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+
+    from sglang_domino.sglang.width_switch import StepTimer
+
+    monkeypatch.setattr(DFlashWorkerV2, "on_verify_complete_cpu", lambda self, *a, **k: None)
+    worker, _ = _worker(monkeypatch, unverified_decay=0.5)
+    worker._clock, worker._in_flight, worker.drafts_proposed = StepTimer(), collections.deque(), 0
+    req = type("Req", (), {"is_retracted": False, "finished": lambda self: False})()
+    worker.width_policy.observe_step(["a"], 16, [0])
+    before = worker.width_policy.stats.requests["a"].tried[0]
+    worker._in_flight.append(([req], ["a"], 1, [], 1.0))
+    worker.on_verify_complete_cpu([0], batch_size=1)
+    assert worker.width_policy.stats.requests["a"].tried[0] == pytest.approx(0.5 * before)
+    assert worker.drafts_proposed == 0 and 1 not in worker.width_policy.tallies
