@@ -164,7 +164,8 @@ class AcceptanceStats:
 
     A request's counts are one row of `tried` and `accepted` (rows x positions), found by
     `rows[rid]`; a step updates all its requests' rows at once. Each request's counts decay
-    by `request_decay` per verify of that request. The server's counts decay by
+    by `request_decay` per verify of that request, and by `unverified_decay` per width-1
+    step of it (nothing verified; the server's counts do not move). The server's counts decay by
     `server_decay` once per step (one `observe_batch`), then gain the step's sums over its
     requests: a step is the time unit. (Decaying them once per request, as before, made
     the server's memory shrink with the batch: at batch 256, 0.99 ** 256 = 0.08, it was
@@ -196,11 +197,11 @@ class AcceptanceStats:
         """One step's verify at `width`: `accepted[i]` proposals of (distinct) `rids[i]`."""
         rows = self._rows(rids, allocate=True)
         self.seen[rows] = self.steps
-        if width <= 1 and len(rows) and self.cfg.unverified_decay < 1.0:
-            # nothing was proposed: the evidence only ages (`unverified_decay`)
+        if width <= 1:   # nothing was proposed: the evidence only ages (`unverified_decay`)
             self.tried[rows] *= self.cfg.unverified_decay
             self.accepted[rows] *= self.cfg.unverified_decay
-        if width <= 1 or not self.positions or not len(rows):  # nothing was proposed
+            return
+        if not self.positions or not len(rows):
             return
         # position k was verified when the k proposals before it were accepted, and
         # accepted when the request accepted more than k; positions past the width unseen
