@@ -68,11 +68,14 @@ COMPILED_ROLLOUT = ", compiled rollout"
 COMPILED_TARGET = ", compiled target"
 COMPILED_FORWARDS = ", compiled forwards"
 ALL_COMPILED = ", all compiled"   # the forwards and the Domino rollout
+# the plain server in the scheduler's synchronous loop, the loop DFLASH runs on CPU (docs/cpu.md)
+SYNC_LOOP = ", synchronous loop"
 SERVERS.update({name + ONE_THREAD: SERVERS[name] for name in ("plain", "width 16", "adaptive")})
 SERVERS.update({name + COMPILED_ROLLOUT: SERVERS[name] for name in ("width 16", "adaptive")})
 SERVERS.update({name + COMPILED_TARGET: SERVERS[name] for name in ("plain", "width 16", "adaptive")})
 SERVERS.update({name + COMPILED_FORWARDS: SERVERS[name] for name in ("width 16", "adaptive")})
 SERVERS.update({name + ALL_COMPILED: SERVERS[name] for name in ("width 16", "adaptive")})
+SERVERS["plain" + SYNC_LOOP] = None
 
 
 def server_env(name: str) -> Optional[dict]:
@@ -101,6 +104,8 @@ def serve(cfg, name: str, out: str, trace: Optional[str] = None):
     settings = SERVERS[name]
     slug = name.replace(" ", "-").replace(",", "")
     extra: tuple[str, ...] = ("--sleep-on-idle",)
+    if name.endswith(SYNC_LOOP):
+        extra += ("--disable-overlap-schedule",)
     draft = None
     if settings is not None:
         if trace:

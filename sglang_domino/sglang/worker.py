@@ -133,8 +133,7 @@ class DominoDFlashWorker(DFlashWorkerV2):
             logger.info("sglang-domino adaptive verify: width-1 steps write the draft's context every step "
                         "(compact draft cache or hierarchical cache)")
             return None
-        upstream_append = super()._append_target_hidden_to_draft_kv_by_loc
-        return DeferredContext(upstream_append)
+        return DeferredContext(self._write_context)
 
     def _width_one_decode_step(self):
         """Width-1 steps as plain decode steps (`decode_step`) where width 1 is among the
@@ -195,7 +194,7 @@ class DominoDFlashWorker(DFlashWorkerV2):
         context = self._context
         if context is not None:
             context.before_step(rids, width)
-        with self._widths.at(width), self._clock.around_launch() as marks, self._keeping(width == 1, rids):
+        with self._widths.at(width), self._clock.around_launch() as marks, self._keeping(width == 1):
             if width == 1 and self._decode_step is not None and DecodeStep.serves(batch):
                 result = self._decode_step.decode(batch, on_publish=kwargs.get("on_publish"))
             else:
@@ -204,24 +203,34 @@ class DominoDFlashWorker(DFlashWorkerV2):
         return result
 
     @contextlib.contextmanager
-    def _keeping(self, on: bool, rids):
+    def _keeping(self, on: bool):
         """Inside a width-1 step, upstream's draft-context append keeps its rows
         (`draft_context.DeferredContext`)."""
         context = self._context
         if not on or context is None:
             yield
             return
-        context.keeping, context.step_rids = True, rids
+        context.keeping = True
         try:
             yield
         finally:
-            context.keeping, context.step_rids = False, ()
+            context.keeping = False
 
     @override
     def _append_target_hidden_to_draft_kv_by_loc(self, **kwargs) -> None:
         context = getattr(self, "_context", None)
         if context is not None and context.keeping:
-            return context.keep(rids=context.step_rids, **kwargs)
+            return context.keep(**kwargs)
+        return self._write_context(**kwargs)
+
+    def _write_context(self, **kwargs) -> None:
+        """The draft's context written now: by the draft's compiled graph where its layers
+        run compiled on CPU (`cpu.compiled_context`), otherwise by upstream."""
+        compiled = getattr(self.draft_model.forward, "context", None)
+        if compiled is not None and getattr(self, "lilicorr", None) is None:
+            from .cpu import compiled_context
+
+            return compiled_context.write(compiled, self.draft_model_runner.token_to_kv_pool, **kwargs)
         return super()._append_target_hidden_to_draft_kv_by_loc(**kwargs)
 
     @override

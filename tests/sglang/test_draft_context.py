@@ -1,8 +1,8 @@
 """Width-1 steps' draft context written when the draft next needs it
 (`sglang_domino.sglang.draft_context.DeferredContext`) and its place in the worker: rows
 kept at width 1, written in one call, in step order, before a step that drafts, before a
-forward that is not a decode step, before a step whose batch lacks a request with rows
-kept, and after `max_steps` steps; dropped when the pools are flushed."""
+forward that is not a decode step and after `max_steps` steps, a slot's latest row winning;
+a request leaving the batch writes nothing; dropped when the pools are flushed."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def _step(context, rids, seed, buffers=None):
                 cache_loc_2d=loc[:bs].view(bs, 1), commit_lens=torch.ones(bs, dtype=torch.int32))
     expected = {k: v.clone() for k, v in rows.items()}
     expected["target_hidden"] = expected["target_hidden"][:bs]
-    context.keep(rids=rids, **rows)
+    context.keep(**rows)
     return expected
 
 
@@ -63,17 +63,50 @@ def test_kept_rows_are_written_in_one_call_in_step_order_before_a_step_that_draf
     assert len(writes.calls) == 1               # nothing left to write
 
 
-def test_a_request_leaving_the_batch_or_a_forward_that_is_not_a_decode_step_writes_them():
+def test_a_request_leaving_the_batch_keeps_its_rows_until_a_forward_that_is_not_a_decode_step():
     writes = Writes()
     context = DeferredContext(writes)
     _step(context, ["a", "b"], 0)
     context.before_step(["a", "b", "c"], 1)     # a request joined: nothing to write
+    context.before_step(["b", "c"], 1)          # "a" left (finished, aborted, retracted): still nothing
     assert writes.calls == []
-    context.before_step(["b", "c"], 1)          # "a" left (finished, aborted, retracted)
-    assert len(writes.calls) == 1
     _step(context, ["b", "c"], 1)
     context.before_step(None, 0)                # a prefill, mixed or idle forward
-    assert len(writes.calls) == 2 and int(writes.calls[1]["cache_loc"].numel()) == 2
+    (call,) = writes.calls
+    assert int(call["cache_loc"].numel()) == 4
+
+
+def test_a_slot_kept_twice_is_written_with_its_latest_committed_row():
+    """A finished request's slot handed to another request's next token: both rows are
+    kept, and upstream's prefix-valid write (the real pool, on CPU) stores the later one."""
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+
+    from sglang_domino.sglang.draft_context import latest_rows
+
+    loc = torch.tensor([5, 7, 5, 9, 7])
+    commit = torch.tensor([1, 1, 1, 1, 0], dtype=torch.int32)
+    # slot 5: the later row; slot 7: the earlier one, the later is not committed
+    assert latest_rows(loc, commit).tolist() == [0, 1, 1, 1, 0]
+    assert latest_rows(loc[:2], commit[:2]).tolist() == [1, 1]
+
+    pool = MHATokenToKVPool(size=16, page_size=1, dtype=torch.float32, head_num=1, head_dim=2, layer_num=1,
+                            device="cpu", enable_memory_saver=False)
+    layer = type("Layer", (), {"layer_id": 0})()
+
+    def write(*, target_hidden, cache_loc_2d, commit_lens, **_):
+        rows = target_hidden.view(-1, 1, 2)
+        pool.set_kv_buffer_prefix_valid(layer, cache_loc_2d, commit_lens, rows, rows)
+
+    context = DeferredContext(write)
+    first = torch.tensor([[1.0, 1.0], [2.0, 2.0]])
+    second = torch.tensor([[3.0, 3.0]])
+    context.keep(target_hidden=first, cache_loc=torch.tensor([5, 7]), positions=torch.tensor([10, 20]),
+                 cache_loc_2d=torch.tensor([[5], [7]]), commit_lens=torch.ones(2, dtype=torch.int32))
+    context.before_step(["b"], 1)               # the request holding slot 5 left
+    context.keep(target_hidden=second, cache_loc=torch.tensor([5]), positions=torch.tensor([3]),
+                 cache_loc_2d=torch.tensor([[5]]), commit_lens=torch.ones(1, dtype=torch.int32))
+    context.before_step(["b"], 16)
+    torch.testing.assert_close(pool.get_key_buffer(0)[[5, 7], 0], torch.tensor([[3.0, 3.0], [2.0, 2.0]]))
 
 
 def test_rows_are_written_after_max_steps_and_dropped_when_the_pools_are_flushed():
@@ -96,7 +129,7 @@ def test_a_step_of_more_than_one_token_per_request_is_refused():
     with pytest.raises(RuntimeError, match="one token per request"):
         context.keep(target_hidden=torch.zeros(4, HIDDEN), cache_loc=torch.zeros(4, dtype=torch.int64),
                      positions=torch.zeros(4, dtype=torch.int64), cache_loc_2d=torch.zeros(2, 2, dtype=torch.int64),
-                     commit_lens=torch.ones(2, dtype=torch.int32), rids=["a", "b"])
+                     commit_lens=torch.ones(2, dtype=torch.int32))
 
 
 def _worker(monkeypatch, widths=(16, 1), **cfg):
@@ -112,6 +145,7 @@ def _worker(monkeypatch, widths=(16, 1), **cfg):
     worker = worker_mod.DominoDFlashWorker.__new__(worker_mod.DominoDFlashWorker)
     worker.width_policy = AdaptiveWidth(AdaptiveWidthConfig(widths=list(widths), **cfg))
     worker.use_compact_draft_cache = False
+    worker.draft_model = type("Draft", (), {"forward": None})()   # eager: upstream writes the context
     monkeypatch.setattr(worker_mod, "get_memory", lambda: type("M", (), {"enable_hierarchical_cache": False})())
     worker._context = worker._deferred_context()
     return worker, upstream
@@ -121,12 +155,12 @@ def test_the_worker_keeps_the_append_of_a_width_1_step_and_passes_any_other_to_u
     worker, upstream = _worker(monkeypatch)
     rows = dict(target_hidden=torch.ones(2, HIDDEN), cache_loc=torch.tensor([3, 4]), positions=torch.tensor([7, 9]),
                 cache_loc_2d=torch.tensor([[3], [4]]), commit_lens=torch.ones(2, dtype=torch.int32))
-    with worker._keeping(True, ["a", "b"]):
+    with worker._keeping(True):
         worker._append_target_hidden_to_draft_kv_by_loc(**rows)
-    assert upstream.calls == [] and worker._context.rids == {"a", "b"} and not worker._context.keeping
+    assert upstream.calls == [] and len(worker._context.rows) == 1 and not worker._context.keeping
     worker._append_target_hidden_to_draft_kv_by_loc(**rows)     # a prefill's or a wider step's append
     assert len(upstream.calls) == 1
-    with worker._keeping(False, ["a", "b"]):
+    with worker._keeping(False):
         worker._append_target_hidden_to_draft_kv_by_loc(**rows)
     assert len(upstream.calls) == 2
     worker._context.before_step(["a", "b"], 16)
@@ -166,7 +200,7 @@ def test_keeping_and_writing_rows_reads_nothing_back_on_fake_cuda():
             loc = torch.zeros(4, dtype=torch.int64, device="cuda")
             context.keep(target_hidden=torch.zeros(5, HIDDEN, device="cuda"), cache_loc=loc,
                          positions=torch.zeros(4, dtype=torch.int64, device="cuda"), cache_loc_2d=loc.view(4, 1),
-                         commit_lens=torch.ones(4, dtype=torch.int32, device="cuda"), rids=["a", "b", "c", "d"])
+                         commit_lens=torch.ones(4, dtype=torch.int32, device="cuda"))
         context.before_step(["a", "b", "c", "d"], 16)
         (call,) = writes.calls
         assert call["target_hidden"].shape == (12, HIDDEN) and call["target_hidden"].device.type == "cuda"

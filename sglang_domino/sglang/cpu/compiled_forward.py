@@ -141,6 +141,13 @@ def refusal(model, draft: bool) -> Optional[str]:
                 return "a draft with grouped convolutions"
             if type(attn) is not DFlashAttention or attn.v_scale is not None or attn.attention_sink_bias is not None:
                 return "a draft with value scales, attention sinks or its own attention output"
+        from sglang.srt.layers.layernorm import RMSNorm
+        from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod
+
+        if type(model.hidden_norm) is not RMSNorm:
+            return "a context norm (hidden_norm) other than RMSNorm"
+        if type(getattr(model.fc, "quant_method", None)) not in (type(None), UnquantizedLinearMethod):
+            return "a quantized context projection (fc)"
         return _layer_refusal(model.layers)
     from sglang.srt.models.qwen3 import Qwen3ForCausalLM
 
@@ -258,11 +265,15 @@ class CompiledTarget:
 
 
 class CompiledDraft:
-    """`DFlashDraftModel.forward` with its layers compiled."""
+    """`DFlashDraftModel.forward` with its layers compiled; `context`: the draft's context
+    write compiled (`compiled_context`, read by the worker)."""
 
     def __init__(self, model):
+        from .compiled_context import CompiledContext
+
         self.model = model
         self.layers = CompiledLayers(model.layers, model.norm)
+        self.context = CompiledContext(model)
         self.eager_forward = model.forward
 
     def __call__(self, input_ids, positions, forward_batch, input_embeds=None, get_embedding=False,
@@ -293,6 +304,8 @@ def after_load_model(result, runner, *args, **kwargs):
     model.forward = compiled
     dtype = next(model.parameters()).dtype
     seconds = compiled.layers.warm(dtype, model.config.hidden_size)
+    if draft:
+        seconds += compiled.context.warm(dtype, int(model.fc.weight.shape[1]))
     # a graph compiled after this is a missed warm-up: the log says which guard failed
     torch._logging.set_logs(recompiles=True)
     logger.info("%s=%s: the %s's %d layers compiled in %.1f s", MODE_ENV, mode(), "draft" if draft else "target",
