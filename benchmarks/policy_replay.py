@@ -111,7 +111,7 @@ def replay(traces: list[list[int]], concurrency: int, width: Optional[int] = Non
             cost *= max(0.5, 1.0 + noise * rng.gauss(0.0, 1.0))
             if policy is not None:
                 policy.observe_cost(len(group), w, cost)
-                policy.observe_step(rids, w, accepted)
+                policy.observe_step(rids, w, accepted, policy.last_expected)
             for r, a in zip(group, accepted):
                 r.position += 1 + a
                 tokens += 1 + a

@@ -648,10 +648,45 @@ def test_the_log_compares_expected_and_measured_tokens_per_step():
     for _ in range(400):
         width = policy.choose(rids)
         accepted = [sim.accepted(0.9, width) for _ in rids]
-        policy.observe_step(rids, width, accepted)
-        policy.tally(width, policy.last_expected, accepted)
+        policy.observe_step(rids, width, accepted, policy.last_expected)
     n, expected, got = policy.tallies[16]
     assert n == 1600   # request-steps
     truth = sum(0.9 ** k for k in range(16))
     assert abs(got / n - truth) < 0.3 and abs(expected / n - truth) < 0.3, (expected / n, got / n, truth)
     assert "expected / got" in policy.describe() and "16: " in policy.describe()
+
+
+def test_calibration_scales_a_widths_expected_extra_tokens_by_what_its_steps_got():
+    from sglang_domino.verify_width import Calibration
+
+    cal = Calibration(decay=1.0)
+    assert cal.factor(16) == 1.0 and cal.factors() == {}
+    for _ in range(200):   # expected 3.8 tokens a request (2.8 past the bonus), got 3.4 (2.4)
+        cal.observe(16, 3.8, [2, 3, 2, 3, 2])
+    assert cal.factor(16) == pytest.approx((2.4 * 1000 + 16 * 2.8) / (2.8 * 1000 + 16 * 2.8))
+    cal.observe(8, 2.0, [10, 10])   # far above: bounded
+    assert cal.factor(8) == 1.5 and cal.factor(4) == 1.0
+    # decayed: the recent steps lead
+    recent = Calibration(decay=0.5)
+    for got in ([0] * 4, [3] * 4):
+        for _ in range(20):
+            recent.observe(4, 3.0, got)
+    # steady sums: 8 request-steps, 16 expected and 24 got past the bonus; the prior 16 of them
+    assert recent.factor(4) == pytest.approx((24 + 32) / (16 + 32), rel=1e-4)
+
+
+def test_a_scaled_estimate_changes_the_choice_and_the_policy_learns_it_from_its_steps():
+    # raw: width 16 expects 4.8 tokens a request for 1.1 x width 8's price, which expects 4
+    survivals = [[0.9, 0.8, 0.6, 0.4, 0.2, 0.05, 0.05] + [0.1] * 8]
+    cost = {16: 1.1, 8: 1.0, 1: 0.5}.get
+    assert choose_width([16, 8, 1], survivals, cost)[0] == 16
+    assert choose_width([16, 8, 1], survivals, cost, {16: 0.8})[0] == 8
+    # a policy whose width-16 steps get less than expected scales width 16 down
+    policy = AdaptiveWidth(AdaptiveWidthConfig(widths=[16, 8]))
+    for _ in range(50):
+        policy.observe_step(["a"], 16, [1], expected=4.0)
+    assert 0.5 <= policy.calibration.factor(16) < 0.55   # a third of what was expected, shrunk
+    assert "calibration of the expected extra tokens {16: 0.5" in policy.describe()
+    off = AdaptiveWidth(AdaptiveWidthConfig(widths=[16, 8], calibrate=False))
+    off.observe_step(["a"], 16, [1], expected=4.0)
+    assert "calibration" not in off.describe()

@@ -255,9 +255,7 @@ class DominoDFlashWorker(DFlashWorkerV2):
             self.width_policy.observe_cost(len(rids), width, seconds)
         if len(rids) == len(num_correct_drafts_per_req):
             # a width-1 step proposes nothing: no acceptance to learn from, only its age
-            self.width_policy.observe_step(rids, width, num_correct_drafts_per_req)
-            if expected is not None and width > 1:
-                self.width_policy.tally(width, expected, num_correct_drafts_per_req)
+            self.width_policy.observe_step(rids, width, num_correct_drafts_per_req, expected)
 
     def _choose_width(self, rids) -> int:
         policy = self.width_policy

@@ -12,6 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.sglang.cpu.layers import rms_norm
+
 pytest.importorskip("sglang")
 
 HIDDEN, FEATURES, HEADS, KV_HEADS, HEAD_DIM = 32, 96, 4, 2, 8
@@ -28,14 +30,10 @@ def _rotary():
 
 
 def _draft(seed=0):
-    from sglang.srt.layers.layernorm import RMSNorm
-
     g = torch.Generator().manual_seed(seed)
 
     def norm(size):
-        module = RMSNorm(size, eps=1e-6)
-        module.weight.data = 1 + 0.1 * torch.randn(size, generator=g)
-        return module
+        return rms_norm(size, g)
 
     q_size, kv_size = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
     layers = []

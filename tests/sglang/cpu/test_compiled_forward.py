@@ -13,6 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.sglang.cpu.layers import rms_norm
+
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER = 32, 4, 2, 8, 48
 
 
@@ -48,14 +50,10 @@ def _linear(g, out_features, in_features):
 
 def _layers(n, seen, seed=0):
     from sglang.srt.layers.activation import SiluAndMul
-    from sglang.srt.layers.layernorm import RMSNorm
-
     g = torch.Generator().manual_seed(seed)
 
     def norm(size):
-        module = RMSNorm(size, eps=1e-6)
-        module.weight.data = 1 + 0.1 * torch.randn(size, generator=g)
-        return module
+        return rms_norm(size, g)
 
     q_size, kv_size = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
     layers = []
