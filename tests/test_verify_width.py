@@ -664,15 +664,17 @@ def test_calibration_scales_a_widths_expected_extra_tokens_by_what_its_steps_got
     for _ in range(200):   # expected 3.8 tokens a request (2.8 past the bonus), got 3.4 (2.4)
         cal.observe(16, 3.8, [2, 3, 2, 3, 2])
     assert cal.factor(16) == pytest.approx((2.4 * 1000 + 16 * 2.8) / (2.8 * 1000 + 16 * 2.8))
-    cal.observe(8, 2.0, [10, 10])   # far above: bounded
-    assert cal.factor(8) == 1.5 and cal.factor(4) == 1.0
+    cal.observe(8, 2.0, [10, 10])   # above what was expected: never scaled up
+    assert cal.factor(8) == 1.0 and cal.factor(4) == 1.0
+    cal.observe(2, 2.0, [0] * 1000)   # far below: bounded
+    assert cal.factor(2) == 0.5
     # decayed: the recent steps lead
     recent = Calibration(decay=0.5)
-    for got in ([0] * 4, [3] * 4):
+    for got in ([3] * 4, [1] * 4):
         for _ in range(20):
             recent.observe(4, 3.0, got)
-    # steady sums: 8 request-steps, 16 expected and 24 got past the bonus; the prior 16 of them
-    assert recent.factor(4) == pytest.approx((24 + 32) / (16 + 32), rel=1e-4)
+    # steady sums: 8 request-steps, 16 expected and 8 got past the bonus; the prior 16 of them
+    assert recent.factor(4) == pytest.approx((8 + 32) / (16 + 32), rel=1e-4)
 
 
 def test_a_scaled_estimate_changes_the_choice_and_the_policy_learns_it_from_its_steps():
