@@ -76,11 +76,11 @@ class AdaptiveWidthConfig(BaseModel):
     # 0: probes on schedule whatever they cost
     probe_budget: float = Field(0.02, ge=0.0, lt=1.0)
     log_every_steps: int = Field(200, ge=1)
-    # each width's expected extra tokens (past the bonus) scaled by what its chosen steps
-    # got against what was expected (`Calibration`): the policy picks the width whose
-    # estimate happens to be high, so the widest width's chosen steps got less than
-    # expected (3.38 against 3.78 tokens on a served temperature-1.5 load); its sums decay
-    # by `calibration_decay` per scored step of the width. False: the estimates as they are
+    # each width's expected extra tokens (past the bonus) scaled down by what its chosen
+    # steps got against what was expected (`Calibration`, never up): the policy picks the
+    # width whose estimate happens to be high, so the widest width's chosen steps got less
+    # than expected (3.38 against 3.78 tokens on a served temperature-1.5 load); its sums
+    # decay by `calibration_decay` per scored step of the width. False: the raw estimates
     calibrate: bool = True
     calibration_decay: float = Field(0.99, gt=0.0, le=1.0)
     # width-1 steps write the draft's context when the draft next needs it
