@@ -105,6 +105,10 @@ class DominoDFlashWorker(DFlashWorkerV2):
         self.drafts_proposed = 0
         if adaptive is not None:
             hooks.install(hooks.ADAPTIVE_METRICS)
+        # the draft's context write compiled on CPU (`cpu.compiled_context`), where the
+        # draft's layers run compiled and the draft is not LiLiCorr; None: upstream's write
+        compiled = getattr(self.draft_model.forward, "context", None)
+        self._compiled_context = compiled if getattr(self, "lilicorr", None) is None else None
         self._context = self._deferred_context()
         self._decode_step = self._width_one_decode_step()
         if self._is_domino:
@@ -226,8 +230,8 @@ class DominoDFlashWorker(DFlashWorkerV2):
     def _write_context(self, **kwargs) -> None:
         """The draft's context written now: by the draft's compiled graph where its layers
         run compiled on CPU (`cpu.compiled_context`), otherwise by upstream."""
-        compiled = getattr(self.draft_model.forward, "context", None)
-        if compiled is not None and getattr(self, "lilicorr", None) is None:
+        compiled = getattr(self, "_compiled_context", None)   # unset while upstream's __init__ runs
+        if compiled is not None:
             from .cpu import compiled_context
 
             return compiled_context.write(compiled, self.draft_model_runner.token_to_kv_pool, **kwargs)

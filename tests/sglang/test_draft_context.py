@@ -145,7 +145,7 @@ def _worker(monkeypatch, widths=(16, 1), **cfg):
     worker = worker_mod.DominoDFlashWorker.__new__(worker_mod.DominoDFlashWorker)
     worker.width_policy = AdaptiveWidth(AdaptiveWidthConfig(widths=list(widths), **cfg))
     worker.use_compact_draft_cache = False
-    worker.draft_model = type("Draft", (), {"forward": None})()   # eager: upstream writes the context
+    worker._compiled_context = None   # an eager draft: upstream writes the context
     monkeypatch.setattr(worker_mod, "get_memory", lambda: type("M", (), {"enable_hierarchical_cache": False})())
     worker._context = worker._deferred_context()
     return worker, upstream
