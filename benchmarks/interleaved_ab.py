@@ -6,6 +6,13 @@ The servers run at once (`--sleep-on-idle`: an idle one does not poll) and each 
 a server's throughput is its tokens over the summed wall time of its own groups. Every
 output is compared with the plain server's (greedy: equal texts).
 
+A group is sent at once and ends with its slowest request, so its last steps run a
+shrinking batch (`--turn`'s default, the concurrency). `--turn N` (a multiple of the
+concurrency) gives each server N requests per turn with at most `concurrency` in flight, a
+new one sent as soon as one ends: a steady load, as SGLang's `bench_serving
+--max-concurrency` and `benchmarks.peer_ab` measure, the batch refilled until the turn's
+last requests.
+
 Servers (`--servers`): `plain`; Domino pinned to one width (`--speculative-adaptive` with
 `{"widths": [16, W], "pin": [W]}`): `width 1, context late` (the draft's context written
 when the draft next needs it, `draft_context`, the default), `width 1, context every step`
@@ -17,7 +24,7 @@ price of its own last timings, not following the machine's speed). Float32 unles
 
     python -m benchmarks.interleaved_ab [--rounds 3] [--concurrencies 1 8] [--prompts 16]
         [--servers plain "width 1, context late" ...] [--temperature T --top-k K --top-p P]
-        [--max-new-tokens N] [--out DIR]
+        [--max-new-tokens N] [--turn N] [--out DIR]
 
 Writes `interleaved_ab.json` (every group) and `interleaved_ab.md` (each server / plain
 overall and per round; the CPU named) to DIR (default benchmarks/results/width1-step).
@@ -122,12 +129,22 @@ def serve(cfg, name: str, out: str, trace: Optional[str] = None):
         yield server.url
 
 
-def run_group(url: str, cfg, prompts: list[str]) -> dict:
-    """`prompts` sent at once; wall time, tokens, verify steps, texts."""
+def turns(prompts: int, concurrency: int, turn: Optional[int] = None) -> list[tuple[int, int]]:
+    """[first, end) of each turn's prompts: `turn` requests a turn (default: one group of
+    `concurrency`), the last turn shorter where they do not divide."""
+    turn = concurrency if turn is None else turn
+    if turn < concurrency or turn % concurrency:
+        raise ValueError(f"--turn must be a multiple of the concurrency {concurrency}, got {turn}")
+    return [(first, min(first + turn, prompts)) for first in range(0, prompts, turn)]
+
+
+def run_group(url: str, cfg, prompts: list[str], in_flight: Optional[int] = None) -> dict:
+    """`prompts`, at most `in_flight` at a time (default: all at once), the next sent as
+    soon as one ends; wall time, tokens, verify steps, texts."""
     from .sglang_bench import generate
 
     t0 = time.time()
-    with ThreadPoolExecutor(len(prompts)) as pool:
+    with ThreadPoolExecutor(min(len(prompts), in_flight or len(prompts))) as pool:
         bodies = list(pool.map(lambda t: generate(url, t, cfg), prompts))
     return {"wall_s": time.time() - t0, "tokens": sum(b["meta_info"]["completion_tokens"] for b in bodies),
             "verify_steps": sum(int(b["meta_info"].get("spec_verify_ct") or 0) for b in bodies),
@@ -174,6 +191,8 @@ def main(argv=None) -> None:
                                                       "width 16"], choices=list(SERVERS))
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "width1-step"))
     ap.add_argument("--report", action="store_true", help="rewrite the markdown from DIR/interleaved_ab.json")
+    ap.add_argument("--turn", type=int, help="requests a server is given per turn, at most the concurrency in "
+                                             "flight (default: one group of the concurrency, sent at once)")
     ap.add_argument("--trace", help="a directory where the adaptive and pinned servers record each decode step's "
                                     "acceptance (for benchmarks.policy_replay)")
     args = ap.parse_args(argv)
@@ -197,13 +216,13 @@ def main(argv=None) -> None:
         turn = 0
         for rnd in range(args.rounds):
             for conc in args.concurrencies:
-                for first in range(0, len(prompts), conc):
-                    group = prompts[first: first + conc]
+                for first, end in turns(len(prompts), conc, args.turn):
+                    group = prompts[first: end]
                     order = args.servers[turn % len(args.servers):] + args.servers[: turn % len(args.servers)]
                     turn += 1
                     for name in order:
                         runs.append({"round": rnd, "concurrency": conc, "group": first, "server": name,
-                                     **run_group(urls[name], cfg, group)})
+                                     **run_group(urls[name], cfg, group, in_flight=conc)})
                 print(json.dumps({"round": rnd, "concurrency": conc, **{
                     name: round(sum(r["tokens"] for r in runs if r["server"] == name and r["round"] == rnd
                                     and r["concurrency"] == conc)
@@ -221,14 +240,18 @@ def main(argv=None) -> None:
         command += f" --dtype {args.dtype}"
     if args.max_new_tokens != 128:
         command += f" --max-new-tokens {args.max_new_tokens}"
+    if args.turn:
+        command += f" --turn {args.turn}"
+    taking = ("taking turns group by group" if not args.turn else
+              f"taking turns every {args.turn} requests, each turn a steady load (at most the concurrency in flight)")
     header = [f"Test bed, {args.dtype}, {args.prompts} held-out requests, {cfg.max_new_tokens} new tokens, {sampling}; "
-              f"the servers side by side, taking turns group by group ({args.rounds} rounds); output tok/s over each "
+              f"the servers side by side, {taking} ({args.rounds} rounds); output tok/s over each "
               f"server's own wall time. CPU: {cpu_label(info)}, {info.get('cpu_count')} cores. "
               f"Command: `{command}`."]
     with open(os.path.join(args.out, "interleaved_ab.json"), "w", encoding="utf-8") as fh:
         json.dump({"machine": info, "dtype": args.dtype, "max_new_tokens": cfg.max_new_tokens,
                    "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
-                   "prompts": args.prompts, "rounds": args.rounds, "concurrencies": args.concurrencies,
+                   "prompts": args.prompts, "rounds": args.rounds, "turn": args.turn, "concurrencies": args.concurrencies,
                    "servers": {s: SERVERS[s] for s in args.servers}, "header": header, "runs": runs}, fh, indent=1)
     lines = summary(runs, args.servers, args.concurrencies, args.rounds, header, compare_texts=not args.temperature)
     write_markdown(args.out, "interleaved_ab.md", lines)

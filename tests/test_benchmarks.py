@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import types
 
 import pytest
@@ -352,6 +353,40 @@ def test_interleaved_ab_rates_each_server_over_its_own_wall_time():
     assert "| plain | 1 | 50.0 | 1.00x | 1.00 | - | yes |" in lines
     sampled = summary(runs, ["plain", "width 16"], [1], 1, ["header"], compare_texts=False)
     assert next(line for line in sampled if line.startswith("| width 16 |")).endswith("| - |")
+
+
+def test_interleaved_ab_turns_are_groups_or_steady_loads_of_whole_groups():
+    from benchmarks.interleaved_ab import turns
+
+    assert turns(48, 8) == [(0, 8), (8, 16), (16, 24), (24, 32), (32, 40), (40, 48)]   # a group a turn
+    assert turns(48, 8, 48) == [(0, 48)]     # one steady load of 48 requests, 8 in flight
+    assert turns(40, 16, 32) == [(0, 32), (32, 40)]
+    with pytest.raises(ValueError, match="multiple of the concurrency 16"):
+        turns(48, 16, 24)
+
+
+def test_interleaved_ab_keeps_at_most_the_concurrency_in_flight(monkeypatch):
+    import threading
+
+    import benchmarks.sglang_bench as sglang_bench
+    from benchmarks.interleaved_ab import run_group
+
+    lock, live, peak = threading.Lock(), [0], [0]
+
+    def generate(url, text, cfg):
+        with lock:
+            live[0] += 1
+            peak[0] = max(peak[0], live[0])
+        time.sleep(0.02)
+        with lock:
+            live[0] -= 1
+        return {"text": text, "meta_info": {"completion_tokens": 2, "spec_verify_ct": 1}}
+
+    monkeypatch.setattr(sglang_bench, "generate", generate)
+    out = run_group("http://x", None, [str(i) for i in range(12)], in_flight=3)
+    assert peak[0] == 3 and out["tokens"] == 24 and out["texts"] == [str(i) for i in range(12)]
+    run_group("http://x", None, ["a", "b", "c", "d"])
+    assert peak[0] == 4    # a group: all at once
 
 
 def test_cpu_label_names_the_instruction_sets_that_set_the_speed():
