@@ -65,6 +65,10 @@ def accept_probs(draft_tokens: torch.Tensor, draft_probs: Optional[torch.Tensor]
     p = target_probs.float()
     if uniforms is None:
         uniforms = Uniforms.draw(b, n, p.device, generator)
+    if n == 0:
+        # nothing proposed (an adaptive width-1 step): the general path below reduces to
+        # this draw from p, the same coin giving the same token, in a quarter of the time
+        return torch.zeros(b, dtype=torch.int64, device=p.device), sample_inverse_cdf(p[:, 0], uniforms.final)
     p_d = p[:, :n].gather(-1, draft_tokens[..., None]).squeeze(-1)
     if draft_probs is None:
         q_d = torch.ones_like(p_d)

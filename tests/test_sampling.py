@@ -112,6 +112,21 @@ def test_greedy_draft_as_a_point_mass():
     assert total_variation(torch.bincount(second, minlength=vocab).float(), p[1]) < null_threshold(p[1], int(kept.sum()))
 
 
+def test_no_drafts_commits_a_draw_from_p_with_the_final_coin():
+    """An adaptive width-1 step proposes nothing: none accepted, the next token drawn from
+    p by inverse CDF with the final coin (the token the general rule's residual gives)."""
+    from sglang_domino.accept import Uniforms
+
+    p = chain_distributions()[0][:1].softmax(-1)            # [1, 6]
+    rows, vocab = 100_000, p.shape[-1]
+    u = Uniforms(torch.empty(rows, 0), torch.rand(rows, generator=torch.Generator().manual_seed(3)))
+    accepted, nxt = accept_probs(torch.empty(rows, 0, dtype=torch.int64), None, p.expand(rows, 1, vocab), uniforms=u)
+    assert accepted.dtype == torch.int64 and not bool(accepted.any())
+    cdf = p[0].cumsum(-1)
+    assert torch.equal(nxt, (u.final[:, None] * cdf[-1] >= cdf[None, :]).sum(-1).clamp_max(vocab - 1))
+    assert total_variation(torch.bincount(nxt, minlength=vocab).float(), p[0]) < null_threshold(p[0], rows)
+
+
 # -- end to end: spec_generate against exact target probabilities ------------------------
 VOCAB, STEPS = 8, 3
 PROMPT = torch.tensor([[3, 1, 4, 1, 5]])

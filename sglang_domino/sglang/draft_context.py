@@ -49,10 +49,10 @@ class DeferredContext:
         self.keeping = False                             # inside a width-1 step: `keep` instead of writing
         self.written_steps = 0                           # steps written late (for tests and logs)
 
-    def before_step(self, rids: Optional[list], width: int) -> None:
-        """Called before each forward: `rids` the decode batch's requests (None: not a
+    def before_step(self, width: Optional[int]) -> None:
+        """Called before each forward: `width` the decode step's verify width (None: not a
         decode step); the rows are written where the docstring of the module says."""
-        if self.rows and (rids is None or width > 1 or len(self.rows) >= self.max_steps):
+        if self.rows and (width is None or width > 1 or len(self.rows) >= self.max_steps):
             self.flush()
 
     def keep(self, *, target_hidden: torch.Tensor, cache_loc: torch.Tensor, positions: torch.Tensor,

@@ -189,7 +189,7 @@ class DominoDFlashWorker(DFlashWorkerV2):
         if not decode:
             self._clock.break_chain()
             if self._context is not None:
-                self._context.before_step(None, 0)
+                self._context.before_step(None)
         if not decode or isinstance(self.width_policy, FixedWidth):
             return self._forward_with_q_rollout(batch, *args, **kwargs)
         reqs = list(batch.reqs)
@@ -197,7 +197,7 @@ class DominoDFlashWorker(DFlashWorkerV2):
         width = self._choose_width(rids)
         context = self._context
         if context is not None:
-            context.before_step(rids, width)
+            context.before_step(width)
         with self._widths.at(width), self._clock.around_launch() as marks, self._keeping(width == 1):
             if width == 1 and self._decode_step is not None and DecodeStep.serves(batch):
                 result = self._decode_step.decode(batch, on_publish=kwargs.get("on_publish"))

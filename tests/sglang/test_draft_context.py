@@ -51,15 +51,15 @@ def test_kept_rows_are_written_in_one_call_in_step_order_before_a_step_that_draf
     writes, buffers = Writes(), {}
     context = DeferredContext(writes)
     steps = [_step(context, ["a", "b"], seed, buffers) for seed in range(3)]   # the buffers reused
-    context.before_step(["a", "b"], 1)
+    context.before_step(1)
     assert writes.calls == []                   # still width 1, same requests: nothing written
-    context.before_step(["a", "b"], 16)
+    context.before_step(16)
     (call,) = writes.calls
     for key in ("target_hidden", "cache_loc", "positions", "commit_lens"):
         torch.testing.assert_close(call[key], torch.cat([s[key] for s in steps]))
     torch.testing.assert_close(call["cache_loc_2d"], call["cache_loc"].view(-1, 1))
     assert context.written_steps == 3 and not context.rows
-    context.before_step(["a", "b"], 16)
+    context.before_step(16)
     assert len(writes.calls) == 1               # nothing left to write
 
 
@@ -67,11 +67,12 @@ def test_a_request_leaving_the_batch_keeps_its_rows_until_a_forward_that_is_not_
     writes = Writes()
     context = DeferredContext(writes)
     _step(context, ["a", "b"], 0)
-    context.before_step(["a", "b", "c"], 1)     # a request joined: nothing to write
-    context.before_step(["b", "c"], 1)          # "a" left (finished, aborted, retracted): still nothing
+    # the next width-1 steps, whoever joined or left the batch (finished, aborted, retracted): nothing written
+    context.before_step(1)
+    context.before_step(1)
     assert writes.calls == []
     _step(context, ["b", "c"], 1)
-    context.before_step(None, 0)                # a prefill, mixed or idle forward
+    context.before_step(None)   # a prefill, mixed or idle forward
     (call,) = writes.calls
     assert int(call["cache_loc"].numel()) == 4
 
@@ -102,10 +103,10 @@ def test_a_slot_kept_twice_is_written_with_its_latest_committed_row():
     second = torch.tensor([[3.0, 3.0]])
     context.keep(target_hidden=first, cache_loc=torch.tensor([5, 7]), positions=torch.tensor([10, 20]),
                  cache_loc_2d=torch.tensor([[5], [7]]), commit_lens=torch.ones(2, dtype=torch.int32))
-    context.before_step(["b"], 1)               # the request holding slot 5 left
+    context.before_step(1)   # the request holding slot 5 left
     context.keep(target_hidden=second, cache_loc=torch.tensor([5]), positions=torch.tensor([3]),
                  cache_loc_2d=torch.tensor([[5]]), commit_lens=torch.ones(1, dtype=torch.int32))
-    context.before_step(["b"], 16)
+    context.before_step(16)
     torch.testing.assert_close(pool.get_key_buffer(0)[[5, 7], 0], torch.tensor([[3.0, 3.0], [2.0, 2.0]]))
 
 
@@ -113,14 +114,14 @@ def test_rows_are_written_after_max_steps_and_dropped_when_the_pools_are_flushed
     writes = Writes()
     context = DeferredContext(writes, max_steps=2)
     _step(context, ["a"], 0)
-    context.before_step(["a"], 1)
+    context.before_step(1)
     assert writes.calls == []
     _step(context, ["a"], 1)
-    context.before_step(["a"], 1)
+    context.before_step(1)
     assert len(writes.calls) == 1 and int(writes.calls[0]["cache_loc"].numel()) == 2
     _step(context, ["a"], 2)
     context.drop()
-    context.before_step(["b"], 16)
+    context.before_step(16)
     assert len(writes.calls) == 1
 
 
@@ -163,7 +164,7 @@ def test_the_worker_keeps_the_append_of_a_width_1_step_and_passes_any_other_to_u
     with worker._keeping(False):
         worker._append_target_hidden_to_draft_kv_by_loc(**rows)
     assert len(upstream.calls) == 2
-    worker._context.before_step(["a", "b"], 16)
+    worker._context.before_step(16)
     assert len(upstream.calls) == 3 and int(upstream.calls[2]["cache_loc"].numel()) == 2
     worker.clear_cache_pool()
 
@@ -201,7 +202,7 @@ def test_keeping_and_writing_rows_reads_nothing_back_on_fake_cuda():
             context.keep(target_hidden=torch.zeros(5, HIDDEN, device="cuda"), cache_loc=loc,
                          positions=torch.zeros(4, dtype=torch.int64, device="cuda"), cache_loc_2d=loc.view(4, 1),
                          commit_lens=torch.ones(4, dtype=torch.int32, device="cuda"))
-        context.before_step(["a", "b", "c", "d"], 16)
+        context.before_step(16)
         (call,) = writes.calls
         assert call["target_hidden"].shape == (12, HIDDEN) and call["target_hidden"].device.type == "cuda"
         assert call["cache_loc_2d"].shape == (12, 1)

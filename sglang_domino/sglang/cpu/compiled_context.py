@@ -30,7 +30,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from .switches import allow_graphs
+from .switches import allow_graphs, guarded_inputs
 
 
 class CompiledContext:
@@ -62,7 +62,7 @@ class CompiledContext:
         """Run in inference mode on inference tensors (dynamo's guards tell them apart, see
         `CompiledLayers.__call__`)."""
         with torch.inference_mode():
-            target_hidden, positions = (t if t.is_inference() else t.clone() for t in (target_hidden, positions))
+            target_hidden, positions = guarded_inputs((target_hidden, positions))
             return self._compiled(target_hidden, positions.to(torch.int64))
 
     def warm(self, dtype: torch.dtype, features: int) -> float:

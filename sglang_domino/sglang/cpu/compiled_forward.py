@@ -39,7 +39,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from .switches import allow_graphs, choice
+from .switches import allow_graphs, choice, guarded_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -211,8 +211,7 @@ class CompiledLayers:
         graphs = self.graphs()
         # dynamo's guards tell inference tensors from others, and the caller's mode is the
         # one the outputs must be usable in: inputs of the other kind are copied into this one
-        inference = torch.is_inference_mode_enabled()
-        hidden, positions = (t if t.is_inference() == inference else t.clone() for t in (hidden, positions))
+        hidden, positions = guarded_inputs((hidden, positions))
         with torch.no_grad(), _step(forward_batch, self.attention):
             out = self._compiled(hidden, positions)
         if self.warmed and self.graphs() != graphs:
@@ -235,14 +234,39 @@ class CompiledLayers:
         return time.perf_counter() - t0
 
 
-class CompiledTarget:
+class _CompiledModel:
+    """A model's `forward` with its layers compiled: upstream's eager forward where the
+    subclass says so (`eager_only`) or for an empty batch; otherwise the embedding, the
+    compiled layers and the subclass's `finish`."""
+
+    def __init__(self, model, embed_tokens, layers, final_norm):
+        self.model = model
+        self.embed_tokens = embed_tokens
+        self.layers = CompiledLayers(layers, final_norm)
+        self.eager_forward = model.forward
+
+    def eager_only(self, input_embeds, get_embedding, pp_proxy_tensors) -> bool:
+        raise NotImplementedError
+
+    def finish(self, input_ids, hidden, streams, forward_batch):
+        raise NotImplementedError
+
+    def __call__(self, input_ids, positions, forward_batch, input_embeds=None, get_embedding=False,
+                 pp_proxy_tensors=None):
+        if int(positions.shape[0]) == 0 or self.eager_only(input_embeds, get_embedding, pp_proxy_tensors):
+            return self.eager_forward(input_ids, positions, forward_batch, input_embeds=input_embeds,
+                                      get_embedding=get_embedding, pp_proxy_tensors=pp_proxy_tensors)
+        hidden = self.embed_tokens(input_ids) if input_embeds is None else input_embeds
+        hidden, streams = self.layers(hidden, positions, forward_batch)
+        return self.finish(input_ids, hidden, streams, forward_batch)
+
+
+class CompiledTarget(_CompiledModel):
     """`Qwen3ForCausalLM.forward` with its layers compiled."""
 
     def __init__(self, model):
-        self.model = model
         inner = model.model
-        self.layers = CompiledLayers(inner.layers[inner.start_layer:inner.end_layer], inner.norm)
-        self.eager_forward = model.forward
+        super().__init__(model, inner.embed_tokens, inner.layers[inner.start_layer:inner.end_layer], inner.norm)
 
     def aux(self, streams):
         """The residual streams of the layers DFLASH captures (set after loading), in
@@ -254,37 +278,29 @@ class CompiledTarget:
         start = self.model.model.start_layer
         return AuxHiddenStateList(streams[i - start] for i in self.model.model.layers_to_capture)
 
-    def __call__(self, input_ids, positions, forward_batch, input_embeds=None, get_embedding=False,
-                 pp_proxy_tensors=None):
-        if get_embedding or pp_proxy_tensors is not None or int(positions.shape[0]) == 0:
-            return self.eager_forward(input_ids, positions, forward_batch, input_embeds=input_embeds,
-                                      get_embedding=get_embedding, pp_proxy_tensors=pp_proxy_tensors)
-        hidden = self.model.model.embed_tokens(input_ids) if input_embeds is None else input_embeds
-        hidden, streams = self.layers(hidden, positions, forward_batch)
+    def eager_only(self, input_embeds, get_embedding, pp_proxy_tensors) -> bool:
+        return bool(get_embedding) or pp_proxy_tensors is not None
+
+    def finish(self, input_ids, hidden, streams, forward_batch):
         return self.model.logits_processor(input_ids, hidden, self.model.lm_head, forward_batch, self.aux(streams))
 
 
-class CompiledDraft:
+class CompiledDraft(_CompiledModel):
     """`DFlashDraftModel.forward` with its layers compiled; `context`: the draft's context
     write compiled (`compiled_context`, read by the worker)."""
 
     def __init__(self, model):
         from .compiled_context import CompiledContext
 
-        self.model = model
-        self.layers = CompiledLayers(model.layers, model.norm)
+        super().__init__(model, model.embed_tokens, model.layers, model.norm)
         self.context = CompiledContext(model)
-        self.eager_forward = model.forward
 
-    def __call__(self, input_ids, positions, forward_batch, input_embeds=None, get_embedding=False,
-                 pp_proxy_tensors=None):
-        if input_embeds is None and self.model.embed_tokens is None or int(positions.shape[0]) == 0:
-            return self.eager_forward(input_ids, positions, forward_batch, input_embeds=input_embeds,
-                                      get_embedding=get_embedding, pp_proxy_tensors=pp_proxy_tensors)
+    def eager_only(self, input_embeds, get_embedding, pp_proxy_tensors) -> bool:
+        return input_embeds is None and self.embed_tokens is None   # no embedding of its own: upstream's
+
+    def finish(self, input_ids, hidden, streams, forward_batch):
         from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 
-        hidden = self.model.embed_tokens(input_ids) if input_embeds is None else input_embeds
-        hidden, _ = self.layers(hidden, positions, forward_batch)
         return LogitsProcessorOutput(next_token_logits=None, hidden_states=hidden)
 
 

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from ...rollout import propose_domino
 from .. import sampled_rollout
-from .switches import allow_graphs, choice
+from .switches import allow_graphs, choice, guarded_inputs
 
 MODE_ENV = "SGLANG_DOMINO_CPU_ROLLOUT"
 MODES = ("eager", "compiled")   # the first is the default
@@ -87,8 +87,7 @@ class CompiledRollout:
         with torch.inference_mode():
             # copied with fresh strides: the step's bonus tokens are a column of its [bs, block]
             # ids, and at batch 1 `contiguous()` keeps that stride, which the guards check too
-            draft_hidden, bonus_tokens = (t.clone(memory_format=torch.contiguous_format)
-                                          for t in (draft_hidden, bonus_tokens))
+            draft_hidden, bonus_tokens = guarded_inputs((draft_hidden, bonus_tokens), fresh_strides=True)
             tokens = self._compiled(draft_hidden, bonus_tokens, embed_weight, lm_head_weight, int(vocab_size),
                                     bool(shift_label), int(candidate_pool_size))
         return tokens.clone()   # an ordinary tensor again: the step writes into what it is given

@@ -30,4 +30,17 @@ def allow_graphs() -> None:
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
 
 
-__all__ = ["RECOMPILE_LIMIT", "allow_graphs", "choice"]
+def guarded_inputs(tensors, fresh_strides: bool = False) -> tuple:
+    """`tensors` as a compiled function's warm-up saw them, for a call in the current mode:
+    dynamo's guards tell inference tensors from others (and check strides), so an input of
+    the other kind than the mode, or any input with `fresh_strides` (a strided view such as
+    a column of the step's ids), is copied in this mode; a matching input passes as it is.
+    Without this, serving compiles every graph again (tests/sglang/test_cpu_rollout.py)."""
+    import torch
+
+    inference = torch.is_inference_mode_enabled()
+    return tuple(t.clone(memory_format=torch.contiguous_format) if fresh_strides or t.is_inference() != inference
+                 else t for t in tensors)
+
+
+__all__ = ["RECOMPILE_LIMIT", "allow_graphs", "choice", "guarded_inputs"]

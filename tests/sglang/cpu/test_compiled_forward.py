@@ -147,7 +147,7 @@ def test_the_target_hands_dflash_the_streams_of_its_captured_layers():
 
     from sglang_domino.sglang.cpu import compiled_forward as cf
 
-    inner = SimpleNamespace(layers=[], start_layer=0, end_layer=0, norm=None, layers_to_capture=[2, 5])
+    inner = SimpleNamespace(layers=[], start_layer=0, end_layer=0, norm=None, embed_tokens=None, layers_to_capture=[2, 5])
     model = SimpleNamespace(model=inner, capture_aux_hidden_states=True, forward=None)
     target = cf.CompiledTarget(model)
     streams = [torch.full((1,), float(i)) for i in range(6)]
