@@ -65,8 +65,6 @@ SERVERS = {
     "adaptive, width-1 fade": {"unverified_decay": 0.9, "prior_weight": 4.0},
     "adaptive, width-1 fade, prior weight 1": {"unverified_decay": 0.9, "prior_weight": 1.0},
     "adaptive, uncalibrated": {"calibrate": False},
-    # the deferred draft context's write left in the drafting step that makes it (before 2026-12-05)
-    "adaptive, deferred context uncharged": {"charge_deferred_context": False},
 }
 # the same servers with one OpenMP thread (docs/cpu-profile.md: on 2 cores the second
 # thread waits on the first at every small op)

@@ -83,11 +83,6 @@ class AdaptiveWidthConfig(BaseModel):
     # decay by `calibration_decay` per scored step of the width. False: the raw estimates
     calibrate: bool = True
     calibration_decay: float = Field(0.99, gt=0.0, le=1.0)
-    # the deferred draft context (`defer_context`) is width-1 steps' work written at the
-    # next drafting step: its time is taken out of that step's timing and charged to width
-    # 1, per kept row (`AdaptiveWidth.observe_deferred`); false: it counts in the step that
-    # writes it, which made a width run after width-1 steps (a probe, most often) look dearer
-    charge_deferred_context: bool = True
     # width-1 steps write the draft's context when the draft next needs it
     # (`sglang_domino.sglang.draft_context`); False: after every step, as upstream does
     defer_context: bool = True
@@ -523,9 +518,6 @@ class FixedWidth:
     def observe_cost(self, bs, width, seconds) -> None:
         return None
 
-    def observe_deferred(self, rows, seconds) -> bool:
-        return False
-
 
 @dataclass
 class AdaptiveWidth:
@@ -548,8 +540,6 @@ class AdaptiveWidth:
     last_expected: Optional[float] = field(init=False, default=None)
     tallies: dict[int, list[float]] = field(init=False, default_factory=dict)
     calibration: Calibration = field(init=False)
-    # seconds per row of the deferred draft context (`observe_deferred`), None until written
-    deferred_row: Optional[float] = field(init=False, default=None)
     _trace: Optional[object] = field(init=False, default=None, repr=False)   # `cfg.trace`'s file, once open
 
     def __post_init__(self):
@@ -584,7 +574,7 @@ class AdaptiveWidth:
         else:
             survivals = self.stats.survivals(rids)
             scale = self.calibration.factors() if self.cfg.calibrate else None
-            width, self.last_scores = choose_width(self.widths, survivals, lambda w: self.price(bs, w), scale)
+            width, self.last_scores = choose_width(self.widths, survivals, lambda w: self.costs.predict(bs, w), scale)
             self._earn(bs, width)
             probe = self._probe(width, bs)
             width = probe if probe is not None else width
@@ -656,7 +646,7 @@ class AdaptiveWidth:
         """Each scored step earns back `probe_budget` x the chosen width's price of the
         time probes lost (see `_afford`)."""
         if self.debt > 0.0:
-            price = self.price(bs, width)
+            price = self.costs.predict(bs, width)
             self.debt = max(self.debt - self.cfg.probe_budget * (price or 0.0), 0.0)
 
     def _afford(self, probe: int, width: int, bs: int) -> Optional[int]:
@@ -673,13 +663,13 @@ class AdaptiveWidth:
         steps of the choice), so no probe waits longer than probes back off to anyway."""
         budget = self.cfg.probe_budget
         ours, theirs = self.last_scores.get(width), self.last_scores.get(probe)
-        price = self.price(bs, probe)
+        price = self.costs.predict(bs, probe)
         if not budget or not ours or theirs is None or price is None or theirs >= ours:
             return probe
         if self.debt > 0.0:
             return None
         runs = max(self.costs.settle - self.costs.samples.get((bs, probe), 0), 1)
-        cap = budget * 8 * self.cfg.probe_every * (self.price(bs, width) or price)
+        cap = budget * 8 * self.cfg.probe_every * (self.costs.predict(bs, width) or price)
         self.debt = min(price * (1.0 - theirs / ours) * runs, cap)
         return probe
 
@@ -707,26 +697,6 @@ class AdaptiveWidth:
     def observe_cost(self, bs: int, width: int, seconds: float) -> None:
         self.costs.observe(bs, width, seconds)
 
-    def observe_deferred(self, rows: int, seconds: float) -> bool:
-        """One write of width-1 steps' deferred draft context: `rows` kept rows in
-        `seconds`. Its price per row (the first write, then an average at `cost_ema`) is
-        added to width 1's step at each batch size (a row per request), and the caller
-        takes the write out of the step that made it (`StepTimer.exclude`), where
-        `charge_deferred_context` (returned) is on."""
-        if rows > 0 and math.isfinite(seconds) and seconds > 0:
-            per_row = seconds / rows
-            old = self.deferred_row
-            self.deferred_row = per_row if old is None else old + self.cfg.cost_ema * (per_row - old)
-        return self.cfg.charge_deferred_context
-
-    def price(self, bs: int, width: int) -> Optional[float]:
-        """Seconds of a step at (bs, width) (`StepCosts.predict`), width 1's with the
-        context it defers (`observe_deferred`)."""
-        cost = self.costs.predict(bs, width)
-        if cost is not None and width == 1 and self.cfg.charge_deferred_context and self.deferred_row:
-            cost += bs * self.deferred_row
-        return cost
-
     def tally(self, width: int, expected: float, accepted: Sequence[int]) -> None:
         """A scored step's expected tokens per request (`last_expected` when it was chosen)
         against what its requests got (`accepted` proposals each, plus the bonus), summed
@@ -751,7 +721,4 @@ class AdaptiveWidth:
         if self.cfg.calibrate and self.calibration.sums:
             scale = ", ".join(f"{w}: {f:.2f}" for w, f in sorted(self.calibration.factors().items(), reverse=True))
             text += f"; calibration of the expected extra tokens {{{scale}}}"
-        if self.deferred_row is not None:
-            text += f"; deferred draft context {1e6 * self.deferred_row:.1f} us a row" + (
-                ", charged to width 1" if self.cfg.charge_deferred_context else ", not charged")
         return text

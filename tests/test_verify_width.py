@@ -692,22 +692,3 @@ def test_a_scaled_estimate_changes_the_choice_and_the_policy_learns_it_from_its_
     off = AdaptiveWidth(AdaptiveWidthConfig(widths=[16, 8], calibrate=False))
     off.observe_step(["a"], 16, [1], expected=4.0)
     assert "calibration" not in off.describe()
-
-
-def test_width_1s_deferred_draft_context_is_part_of_its_price():
-    """Width 1 defers the draft's context to the next drafting step; priced per kept row
-    (a row per request and step) it can lose the choice it won on its own step's time."""
-    cfg = dict(widths=[2, 1], probe_every=0, calibrate=False)
-    rids = ["a", "b", "c", "d"]
-    choices = []
-    for charge in (True, False):
-        policy = AdaptiveWidth(AdaptiveWidthConfig(charge_deferred_context=charge, **cfg))
-        for _ in range(3):
-            policy.observe_cost(4, 1, 0.010)
-            policy.observe_cost(4, 2, 0.019)
-        # width 2 expects 1 + 0.7 tokens a request: 4 x 1.7 / 0.019 = 358 tok/s; width 1 400
-        assert policy.choose(rids) == 1
-        assert policy.observe_deferred(64, 64 * 0.0004) is charge   # 0.4 ms a row: 11.6 ms a width-1 step
-        choices.append(policy.choose(rids))
-        assert policy.price(4, 2) == pytest.approx(0.019)
-    assert choices == [2, 1]

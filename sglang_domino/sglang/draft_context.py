@@ -49,13 +49,11 @@ class DeferredContext:
         self.keeping = False                             # inside a width-1 step: `keep` instead of writing
         self.written_steps = 0                           # steps written late (for tests and logs)
 
-    def before_step(self, width: Optional[int]) -> int:
+    def before_step(self, width: Optional[int]) -> None:
         """Called before each forward: `width` the decode step's verify width (None: not a
-        decode step); the rows are written where the docstring of the module says. The
-        number of rows written (0: none)."""
+        decode step); the rows are written where the docstring of the module says."""
         if self.rows and (width is None or width > 1 or len(self.rows) >= self.max_steps):
-            return self.flush()
-        return 0
+            self.flush()
 
     def keep(self, *, target_hidden: torch.Tensor, cache_loc: torch.Tensor, positions: torch.Tensor,
              cache_loc_2d: Optional[torch.Tensor] = None, commit_lens: Optional[torch.Tensor] = None,
@@ -72,10 +70,10 @@ class DeferredContext:
         self.rows.append((target_hidden[:n].clone(), cache_loc.clone(), positions.clone(),
                           commit_lens.to(torch.int32).clone()))
 
-    def flush(self) -> int:
-        """Every kept row written into the draft's KV cache, in one call; how many."""
+    def flush(self) -> None:
+        """Every kept row written into the draft's KV cache, in one call."""
         if not self.rows:
-            return 0
+            return
         hidden, cache_loc, positions, commit_lens = (torch.cat(parts) for parts in zip(*self.rows))
         if len(self.rows) > 1:
             commit_lens = latest_rows(cache_loc, commit_lens)
@@ -83,7 +81,6 @@ class DeferredContext:
         self.rows.clear()
         self.write(target_hidden=hidden, cache_loc=cache_loc, positions=positions,
                    cache_loc_2d=cache_loc.view(-1, 1), commit_lens=commit_lens)
-        return int(cache_loc.numel())
 
     def drop(self) -> None:
         """The KV pools were reset (`flush_cache`): nothing kept is owed."""

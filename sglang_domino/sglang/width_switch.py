@@ -127,12 +127,6 @@ class StepTimer:
         self.started, self.key = now, None
         return previous
 
-    def exclude(self, seconds: float) -> None:
-        """Inline: the last `seconds` were not the running step's work (the deferred
-        context of earlier width-1 steps, written before this step): its lap leaves them out."""
-        if self.started is not None and not self.on_device:
-            self.started += seconds
-
     def label(self, bs: int, width: int) -> None:
         self.key = (int(bs), int(width))
 

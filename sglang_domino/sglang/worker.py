@@ -29,7 +29,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
-import time
 
 import torch
 from sglang.srt.runtime_context import get_memory, get_schedule, get_spec
@@ -190,7 +189,7 @@ class DominoDFlashWorker(DFlashWorkerV2):
         if not decode:
             self._clock.break_chain()
             if self._context is not None:
-                self._write_deferred(None)
+                self._context.before_step(None)
         if not decode or isinstance(self.width_policy, FixedWidth):
             return self._forward_with_q_rollout(batch, *args, **kwargs)
         reqs = list(batch.reqs)
@@ -198,7 +197,7 @@ class DominoDFlashWorker(DFlashWorkerV2):
         width = self._choose_width(rids)
         context = self._context
         if context is not None:
-            self._write_deferred(width)
+            context.before_step(width)
         with self._widths.at(width), self._clock.around_launch() as marks, self._keeping(width == 1):
             if width == 1 and self._decode_step is not None and DecodeStep.serves(batch):
                 result = self._decode_step.decode(batch, on_publish=kwargs.get("on_publish"))
@@ -206,18 +205,6 @@ class DominoDFlashWorker(DFlashWorkerV2):
                 result = self._forward_with_q_rollout(batch, *args, **kwargs)
         self._in_flight.append((reqs, rids, width, marks, self.width_policy.last_expected))
         return result
-
-    def _write_deferred(self, width) -> None:
-        """The deferred context's `before_step`; a write it makes is width-1 steps' work,
-        so on the host clock (CPU) its time leaves this step's timing for width 1's price
-        (`AdaptiveWidth.observe_deferred`). On a device the step's timing events are
-        recorded after it, and the write is not timed."""
-        t0 = time.perf_counter()
-        rows = self._context.before_step(width)
-        if rows and not self._clock.on_device:
-            seconds = time.perf_counter() - t0
-            if self.width_policy.observe_deferred(rows, seconds):   # charged to width 1
-                self._clock.exclude(seconds)
 
     @contextlib.contextmanager
     def _keeping(self, on: bool):
@@ -292,7 +279,7 @@ class DominoDFlashWorker(DFlashWorkerV2):
             bs = len(rids)
             scores = ", ".join(f"{w}: {v:.1f}" for w, v in sorted(policy.last_scores.items(), reverse=True))
             costs = ", ".join(f"{w}: {1000 * c:.2f}" for w in policy.widths
-                              if (c := policy.price(bs, w)) is not None)
+                              if (c := policy.costs.predict(bs, w)) is not None)
             logger.info("sglang-domino adaptive verify: %s; at batch size %d, step ms by width {%s}, "
                         "expected tokens/s by width {%s}", policy.describe(), bs, costs, scores)
         return width

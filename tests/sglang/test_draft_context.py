@@ -169,43 +169,6 @@ def test_the_worker_keeps_the_append_of_a_width_1_step_and_passes_any_other_to_u
     worker.clear_cache_pool()
 
 
-@pytest.mark.parametrize("charge", [True, False])
-def test_the_deferred_write_is_timed_out_of_the_step_that_makes_it_and_priced_to_width_1(monkeypatch, charge):
-    """A drafting step after width-1 steps first writes their kept rows: on the host clock
-    that write leaves the drafting step's lap and prices width 1, per kept row
-    (`charge_deferred_context`); turned off, it stays in the lap and is only logged."""
-    import itertools
-
-    from sglang_domino.sglang import worker as worker_mod
-    from sglang_domino.sglang.width_switch import StepTimer
-
-    worker, upstream = _worker(monkeypatch, charge_deferred_context=charge)
-    worker._clock = StepTimer()
-    clock = itertools.count(0.0, 0.25)   # every read of the clock 0.25 s later
-    monkeypatch.setattr(worker_mod.time, "perf_counter", lambda: next(clock))
-    monkeypatch.setattr("sglang_domino.sglang.width_switch.time.perf_counter", lambda: next(clock))
-    rows = dict(target_hidden=torch.ones(2, HIDDEN), cache_loc=torch.tensor([3, 4]), positions=torch.tensor([7, 9]),
-                cache_loc_2d=torch.tensor([[3], [4]]), commit_lens=torch.ones(2, dtype=torch.int32))
-    for _ in range(2):                     # two width-1 steps of 2 requests: 4 kept rows
-        with worker._keeping(True):
-            worker._append_target_hidden_to_draft_kv_by_loc(**rows)
-    worker._clock.lap()                    # a drafting step starts (clock 0.0)
-    worker._clock.label(2, 16)
-    worker._write_deferred(16)             # its write of the kept rows reads the clock at 0.25 and 0.5
-    assert len(upstream.calls) == 1
-    policy = worker.width_policy
-    assert policy.deferred_row == pytest.approx(0.25 / 4)
-    bs, width, seconds = worker._clock.lap()   # the next step starts (clock 0.75)
-    assert (bs, width) == (2, 16)
-    assert seconds == pytest.approx(0.5 if charge else 0.75)
-    policy.observe_cost(2, 1, 0.1)
-    assert policy.price(2, 1) == pytest.approx(0.1 + (2 * 0.25 / 4 if charge else 0.0))
-    assert policy.price(2, 16) is None     # never timed
-    assert ("charged to width 1" if charge else "not charged") in policy.describe()
-    worker._write_deferred(16)             # nothing kept: nothing timed
-    assert policy.deferred_row == pytest.approx(0.25 / 4)
-
-
 def test_no_deferred_context_without_width_1_when_turned_off_or_with_a_compact_draft_cache(monkeypatch):
     assert _worker(monkeypatch)[0]._context is not None
     assert _worker(monkeypatch, widths=(16, 8))[0]._context is None
