@@ -57,6 +57,8 @@ IDLE_NEEDLES = ("recv_requests", "Scheduler.on_idle", "self_check_during_idle", 
 PHASE_RULES: list[tuple[str, tuple[str, ...]]] = [
     ("idle, polling for requests", IDLE_NEEDLES),
     ("rollout (Domino head)", ("domino_greedy_rollout", "around_domino_rollout", "_domino_gru_cell")),
+    # `CompiledDraft.__call__`: the compiled draft's frame in the raw profiles committed before
+    # 2026-12-05 (since then `_CompiledModel.__call__`, which the target shares: the worker's line tells)
     ("draft forward", ("DFlashDraftModel.forward", "CompiledDraft.__call__", f"{WORKER}:2688")),
     ("verify: target forward", (f"{WORKER}:2875",)),
     ("prefill (target, draft KV)", (f"{WORKER}:2348", f"{WORKER}:2408", "EagerRunner._execute_extend")),

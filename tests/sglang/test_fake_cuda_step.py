@@ -74,6 +74,9 @@ def test_the_reference_accept_rule_and_the_width_1_answer_stay_on_the_device(cud
     for draft_probs in (None, q):     # point-mass drafts (DFlash, greedy Domino) and the q rule
         accepted, nxt = accept_probs(drafts, draft_probs, p, uniforms=u)
         assert accepted.device.type == nxt.device.type == "cuda" and accepted.shape == nxt.shape == (BS,)
+    # a width-1 step: nothing proposed, the token drawn from p
+    accepted, nxt = accept_probs(drafts[:, :0], None, p[:, :1], uniforms=Uniforms(u.steps[:, :0], u.final))
+    assert accepted.device.type == nxt.device.type == "cuda" and accepted.shape == nxt.shape == (BS,)
     assert no_proposals(torch.zeros(BS, 1, H, device="cuda")).device.type == "cuda"
 
 
