@@ -302,8 +302,19 @@ class AcceptanceStats:
 
 
 class StepCosts:
-    """Seconds per decode step by (batch size, width): per measured cell, the median of
-    its first `settle` (1/ema) samples, then an asymmetric EMA. A step's host time only
+    """Seconds per decode step by (batch size, width): per measured cell, the lowest of
+    its first `settle` (1/ema, at least 2) timings but the first, then an asymmetric EMA.
+
+    A cell's first timing is set aside (`cold`): the first step of a batch size and width
+    makes what no step of that shape needed before, and in bfloat16 on the CPU that is a
+    oneDNN kernel per new matrix-product shape (1.5-6.5 ms each the first time on a 2-core
+    Intel Xeon with AMX, against 0.4-1.8 after): in a served bfloat16 c8 run first steps
+    took 40-165 ms against 10-28 after, and one of them, kept as half of a two-sample
+    median, priced width 8 at batch 1 at 58 ms, which carried over to batch 8 priced
+    width 16 there at 147 ms and kept the policy at width 1 for 500 steps
+    (docs/adaptive-width.md). A cell with only its cold timing has no price.
+
+    A step's host time only
     gains from interference (another process on the core, a collection, a page fault),
     never loses, so a sample below the estimate is news (weight 2 x ema) and one above it
     mostly noise (weight ema / 3, the sample capped at 1.5 x the estimate): one stalled
@@ -350,24 +361,28 @@ class StepCosts:
         self.speed = 1.0   # seconds per cell unit: the machine's slowness now
         self.last: tuple[int, int] = (0, 0)   # (batch size, width) of the last timing
         # the samples whose median prices a new cell (3 at the default weight 0.3)
-        self.settle = max(1, round(1.0 / self.ema))
+        self.settle = max(2, round(1.0 / self.ema))
         self.cells: dict[int, dict[int, float]] = {}   # width -> {bs: seconds at speed 1}
-        self.samples: dict[tuple[int, int], int] = {}
-        self.first: dict[tuple[int, int], list[float]] = {}   # cells still settling
+        self.samples: dict[tuple[int, int], int] = {}   # timings taken, the cold one included
+        self.first: dict[tuple[int, int], list[float]] = {}   # cells still settling: their warm timings
 
     def observe(self, bs: int, width: int, seconds: float) -> None:
         if not math.isfinite(seconds) or seconds <= 0:
             return
-        row = self.cells.setdefault(int(width), {})
         key = (int(bs), int(width))
         n = self.samples[key] = self.samples.get(key, 0) + 1
         running, self.last = self.last == key, key
+        if n == 1:   # cold (see the class docstring)
+            return
+        row = self.cells.setdefault(int(width), {})
         if n <= self.settle:
-            # a new cell: the median of its first samples, so that one stalled step among
-            # them (another process on the core, a page fault) does not price a width
+            # a new cell: the lowest of its first timings, so that one stalled step among
+            # them (another process on the core, a page fault) does not price a width: a
+            # step's host time only gains from interference. (Their median, as before
+            # 2026-12-05, was their mean when a batch size changed after two.)
             first = self.first.setdefault(key, [])
             first.append(seconds / self.speed)
-            row[int(bs)] = float(np.median(first))
+            row[int(bs)] = min(first)
             if n == self.settle:
                 del self.first[key]
             return
@@ -384,6 +399,10 @@ class StepCosts:
         if seconds < old:
             return old + min(1.0, 2.0 * self.ema) * (seconds - old)
         return old + self.ema / 3.0 * (min(seconds, 1.5 * old) - old)
+
+    def missing(self, bs: int, width: int) -> int:
+        """Timings (bs, width) still takes before its price is settled, the cold one included."""
+        return max(self.settle - self.samples.get((int(bs), int(width)), 0), 0)
 
     def timed_near(self, bs: int, width: int) -> bool:
         """Whether `width` was timed at a batch size within a factor of 2 of `bs`."""
@@ -579,12 +598,11 @@ class AdaptiveWidth:
             probe = self._probe(width, bs)
             width = probe if probe is not None else width
             self.last_expected = self._expected(survivals, width, bs)
-            # a width with fewer than `settle` timings at this batch size keeps running
-            # until it has them: a probe (or a choice priced from a neighbour) timed once,
+            # a width whose price at this batch size is not settled (`StepCosts.missing`)
+            # keeps running until it is: a probe (or a choice priced from a neighbour) timed once,
             # on a stalled step, would otherwise keep that price until the next probe,
             # hundreds of steps later once probes have backed off
-            have = self.costs.samples.get((bs, width), 0)
-            self.repeat = (width, bs, max(self.costs.settle - have - 1, 0))
+            self.repeat = (width, bs, max(self.costs.missing(bs, width) - 1, 0))
         self.histogram[width] += 1
         return width
 
@@ -653,7 +671,7 @@ class AdaptiveWidth:
         """`probe` if the time probes lost is earned back, else None (it waits).
 
         A probe's loss is its expected tokens/s short of the choice's over its steps (it
-        runs until timed `settle` times at this batch size): price x (1 - its score / the
+        runs until its price at this batch size is settled): price x (1 - its score / the
         choice's). Where a plain decode step beats every drafting width, as bfloat16 at
         batch 16 on a CPU without AVX-512, a probe of width 2 costs 3.5 x a width-1 step
         and brings 0.56 of its tokens/s, and the doubling intervals alone kept probing
@@ -668,7 +686,7 @@ class AdaptiveWidth:
             return probe
         if self.debt > 0.0:
             return None
-        runs = max(self.costs.settle - self.costs.samples.get((bs, probe), 0), 1)
+        runs = max(self.costs.missing(bs, probe), 1)
         cap = budget * 8 * self.cfg.probe_every * (self.costs.predict(bs, width) or price)
         self.debt = min(price * (1.0 - theirs / ours) * runs, cap)
         return probe

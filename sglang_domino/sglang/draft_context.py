@@ -25,6 +25,15 @@ ending at different steps that was a write (about 2-3 ms on the CPU test bed, al
 fixed cost) every 6-7 steps instead of every 16.
 The written rows are the ones upstream would have written at each step: the same call on
 the same rows, later, so the draft's cache is the same when the draft reads it.
+
+One write's rows are padded to a power of two (`padded_rows`) with rows of commit length 0,
+which the write projects and leaves out. The number of kept rows is almost never the same
+twice, and a matrix product of a shape not seen before is slow in bfloat16 on the CPU
+(oneDNN makes a kernel per shape: on a 2-core Intel Xeon with AMX a 1024 x 1024 product of
+100-1000 rows took 1.5-6.5 ms the first time and 0.4-1.8 ms after), so writes of new row
+counts cost 11-31 ms where a repeated one costs about 1 (a served bfloat16 c8 run,
+docs/adaptive-width.md). Padded, a server sees at most log2(`MAX_STEPS` x batch) counts,
+for at most twice the projection's rows.
 """
 
 from __future__ import annotations
@@ -77,6 +86,7 @@ class DeferredContext:
         hidden, cache_loc, positions, commit_lens = (torch.cat(parts) for parts in zip(*self.rows))
         if len(self.rows) > 1:
             commit_lens = latest_rows(cache_loc, commit_lens)
+        hidden, cache_loc, positions, commit_lens = padded_rows(hidden, cache_loc, positions, commit_lens)
         self.written_steps += len(self.rows)
         self.rows.clear()
         self.write(target_hidden=hidden, cache_loc=cache_loc, positions=positions,
@@ -85,6 +95,20 @@ class DeferredContext:
     def drop(self) -> None:
         """The KV pools were reset (`flush_cache`): nothing kept is owed."""
         self.rows.clear()
+
+
+def padded_rows(hidden: torch.Tensor, cache_loc: torch.Tensor, positions: torch.Tensor,
+                commit_lens: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The rows padded to the next power of two: hidden states and positions of zeros, the
+    last row's slot, commit length 0 (projected, not written; see the module's docstring)."""
+    n = int(cache_loc.numel())
+    pad = (1 << max(n - 1, 0).bit_length()) - n
+    if pad <= 0:
+        return hidden, cache_loc, positions, commit_lens
+    return (torch.cat([hidden, hidden.new_zeros(pad, *hidden.shape[1:])]),
+            torch.cat([cache_loc, cache_loc[-1:].expand(pad)]),
+            torch.cat([positions, positions.new_zeros(pad)]),
+            torch.cat([commit_lens, commit_lens.new_zeros(pad)]))
 
 
 def latest_rows(cache_loc: torch.Tensor, commit_lens: torch.Tensor) -> torch.Tensor:
@@ -103,4 +127,4 @@ def latest_rows(cache_loc: torch.Tensor, commit_lens: torch.Tensor) -> torch.Ten
     return torch.where(keep & committed, commit_lens, torch.zeros_like(commit_lens))
 
 
-__all__ = ["MAX_STEPS", "DeferredContext", "latest_rows"]
+__all__ = ["MAX_STEPS", "DeferredContext", "latest_rows", "padded_rows"]

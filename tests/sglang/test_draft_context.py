@@ -55,8 +55,11 @@ def test_kept_rows_are_written_in_one_call_in_step_order_before_a_step_that_draf
     assert writes.calls == []                   # still width 1, same requests: nothing written
     context.before_step(16)
     (call,) = writes.calls
+    # 6 rows padded to 8 (`padded_rows`): the padding's commit length 0, so it is not written
     for key in ("target_hidden", "cache_loc", "positions", "commit_lens"):
-        torch.testing.assert_close(call[key], torch.cat([s[key] for s in steps]))
+        assert call[key].shape[0] == 8
+        torch.testing.assert_close(call[key][:6], torch.cat([s[key] for s in steps]))
+    assert call["commit_lens"][6:].tolist() == [0, 0]
     torch.testing.assert_close(call["cache_loc_2d"], call["cache_loc"].view(-1, 1))
     assert context.written_steps == 3 and not context.rows
     context.before_step(16)
@@ -74,7 +77,7 @@ def test_a_request_leaving_the_batch_keeps_its_rows_until_a_forward_that_is_not_
     _step(context, ["b", "c"], 1)
     context.before_step(None)   # a prefill, mixed or idle forward
     (call,) = writes.calls
-    assert int(call["cache_loc"].numel()) == 4
+    assert int(call["cache_loc"].numel()) == 4 and call["commit_lens"].tolist() == [1, 1, 1, 1]
 
 
 def test_a_slot_kept_twice_is_written_with_its_latest_committed_row():
@@ -106,8 +109,25 @@ def test_a_slot_kept_twice_is_written_with_its_latest_committed_row():
     context.before_step(1)   # the request holding slot 5 left
     context.keep(target_hidden=second, cache_loc=torch.tensor([5]), positions=torch.tensor([3]),
                  cache_loc_2d=torch.tensor([[5]]), commit_lens=torch.ones(1, dtype=torch.int32))
-    context.before_step(16)
+    context.before_step(16)   # 3 rows and a padding row on slot 5, none of them written over it
     torch.testing.assert_close(pool.get_key_buffer(0)[[5, 7], 0], torch.tensor([[3.0, 3.0], [2.0, 2.0]]))
+
+
+def test_a_write_is_padded_to_a_power_of_two_rows_that_are_not_written():
+    """A write's row count repeats (a new matrix-product shape is slow in bfloat16 on the
+    CPU): the padding's hidden states and positions are zeros, its slot the last row's and
+    its commit length 0."""
+    from sglang_domino.sglang.draft_context import padded_rows
+
+    for n, size in ((1, 1), (2, 2), (3, 4), (5, 8), (8, 8), (9, 16), (100, 128)):
+        hidden, loc, pos = torch.randn(n, HIDDEN), torch.arange(10, 10 + n), torch.arange(n) + 1
+        commit = torch.ones(n, dtype=torch.int32)
+        h, l, p, c = padded_rows(hidden, loc, pos, commit)
+        assert h.shape == (size, HIDDEN) and l.shape == p.shape == c.shape == (size,)
+        torch.testing.assert_close(h[:n], hidden)
+        assert l[:n].tolist() == loc.tolist() and p[:n].tolist() == pos.tolist() and c[:n].tolist() == [1] * n
+        assert not h[n:].any() and set(l[n:].tolist()) <= {10 + n - 1} and not p[n:].any() and not c[n:].any()
+        assert l.dtype == loc.dtype and c.dtype == torch.int32
 
 
 def test_rows_are_written_after_max_steps_and_dropped_when_the_pools_are_flushed():
@@ -204,8 +224,8 @@ def test_keeping_and_writing_rows_reads_nothing_back_on_fake_cuda():
                          commit_lens=torch.ones(4, dtype=torch.int32, device="cuda"))
         context.before_step(16)
         (call,) = writes.calls
-        assert call["target_hidden"].shape == (12, HIDDEN) and call["target_hidden"].device.type == "cuda"
-        assert call["cache_loc_2d"].shape == (12, 1)
+        assert call["target_hidden"].shape == (16, HIDDEN) and call["target_hidden"].device.type == "cuda"
+        assert call["cache_loc_2d"].shape == (16, 1) and call["commit_lens"].device.type == "cuda"
 
 
 def test_a_width_1_steps_result_ages_its_requests_estimates(monkeypatch):
