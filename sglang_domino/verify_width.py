@@ -342,11 +342,16 @@ class StepCosts:
     other than the running one is timed only by a probe, hundreds of steps apart once
     probes back off: a width last timed while the machine was fast would keep a price
     that the running width, timed every step, no longer gets. With `track_speed`, the
-    cells are kept in units of the machine's speed (`speed`), and a timing of the width
-    that also ran the step before (at the same batch size, its cell settled) moves the
-    speed instead of its cell: by the ratio its price would have moved, so every width
-    follows the running one. Any other timing (a probe, the first steps after a switch)
-    moves its own cell. The running width's price is then exactly the average above,
+    cells of each batch size are kept in units of the machine's speed at that batch size
+    (`speeds`), and a timing of the width that also ran the step before (at the same
+    batch size, its cell settled) moves that speed instead of its cell: by the ratio its
+    price would have moved, so every width at the batch size follows the running one.
+    Any other timing (a probe, the first steps after a switch) moves its own cell. One
+    speed per batch size, since widths are only compared at one: with one speed for all
+    (until 2026-12-05), the running width at batch 12-16 moved every batch size's prices,
+    and back at batch 1 only the width that ran there and its probed neighbour were timed
+    again; widths 4, 2 and 1 at batch 1 stayed at twice their price for the rest of a
+    served bfloat16 run, and width 1, the best there in half the steps, never ran again. The running width's price is then exactly the average above,
     and nothing feeds back. In the closed-loop simulation with the machine's speed
     changing to 1-2.5 x every few hundred steps, the worst of 6 seeds rose from 0.961 to
     0.988 of the best fixed width at batch 8 and from 0.936 to 0.977 at batch 16. A first
@@ -358,9 +363,9 @@ class StepCosts:
     def __init__(self, ema: float, track_speed: bool = False):
         self.ema = float(ema)
         self.track_speed = bool(track_speed)
-        self.speed = 1.0   # seconds per cell unit: the machine's slowness now
+        self.speeds: dict[int, float] = {}   # batch size -> seconds per cell unit there now (1 if unset)
         self.last: tuple[int, int] = (0, 0)   # (batch size, width) of the last timing
-        # the samples whose median prices a new cell (3 at the default weight 0.3)
+        # the timings that price a new cell, the cold one included (3 at the default weight 0.3)
         self.settle = max(2, round(1.0 / self.ema))
         self.cells: dict[int, dict[int, float]] = {}   # width -> {bs: seconds at speed 1}
         self.samples: dict[tuple[int, int], int] = {}   # timings taken, the cold one included
@@ -375,23 +380,24 @@ class StepCosts:
         if n == 1:   # cold (see the class docstring)
             return
         row = self.cells.setdefault(int(width), {})
+        speed = self.speeds.get(int(bs), 1.0)
         if n <= self.settle:
             # a new cell: the lowest of its first timings, so that one stalled step among
             # them (another process on the core, a page fault) does not price a width: a
             # step's host time only gains from interference. (Their median, as before
             # 2026-12-05, was their mean when a batch size changed after two.)
             first = self.first.setdefault(key, [])
-            first.append(seconds / self.speed)
+            first.append(seconds / speed)
             row[int(bs)] = min(first)
             if n == self.settle:
                 del self.first[key]
             return
-        old = row[int(bs)] * self.speed
+        old = row[int(bs)] * speed
         new = self._moved(old, seconds)
         if running and self.track_speed:
-            self.speed *= new / old
+            self.speeds[int(bs)] = speed * new / old
         else:
-            row[int(bs)] = new / self.speed
+            row[int(bs)] = new / speed
 
     def _moved(self, old: float, seconds: float) -> float:
         """A price after one more timing: a timing below it is news (weight 2 x ema), one
@@ -409,17 +415,17 @@ class StepCosts:
         return any(0.5 < b / bs < 2.0 for b in self.cells.get(int(width), ()))
 
     def predict(self, bs: int, width: int) -> Optional[float]:
-        """Seconds of a step at (bs, width) at the machine's speed now; None if `width` was
-        never timed."""
-        price = self._price(int(bs), int(width))
-        return None if price is None else price * self.speed
+        """Seconds of a step at (bs, width) at the machine's speed now (at that batch size);
+        None if `width` was never timed."""
+        return self._price(int(bs), int(width))
 
     def _price(self, bs: int, width: int) -> Optional[float]:
         row = self.cells.get(width)
         if not row:
             return None
+        speed = self.speeds.get(bs, 1.0)
         if bs in row:
-            return row[bs]
+            return row[bs] * speed
         here = {w: r[bs] for w, r in self.cells.items() if bs in r}
         if not here:   # nothing measured at this batch size: every width at the nearest that was
             measured = {b for r in self.cells.values() for b in r}
@@ -428,8 +434,10 @@ class StepCosts:
             refs = [w for w in here if other in self.cells[w]]
             if refs:
                 ref = max(refs)
-                return here[ref] * row[other] / self.cells[ref][other]
-        return row[min(row, key=lambda b: (abs(b - bs), b))]
+                # the ratio is read at one batch size, in that batch size's units
+                return here[ref] * speed * row[other] / self.cells[ref][other]
+        nearest = min(row, key=lambda b: (abs(b - bs), b))
+        return row[nearest] * self.speeds.get(nearest, 1.0)
 
 
 def choose_width(widths: Sequence[int], survivals: "Sequence[Sequence[float]] | np.ndarray",

@@ -548,20 +548,30 @@ class Groups(Simulated):
         return tokens / seconds
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_probes_that_lose_wait_until_their_loss_is_earned_back(seed):
-    """Single requests (width 16 the best), then groups of 16 (width 1 the best until a
-    group's last few requests): at batch 16 a probe of width 2 costs 3.5 x a width-1 step
-    and brings 0.56 of its tokens/s, and the batch halves four times per group. Probes
-    that lose against the choice are held to `probe_budget` (2 %) of the time: 0.96-0.97 of
-    width 1 over these seeds against 0.94-0.96 with probes on schedule alone (budget 0)."""
+def _budget_ratios(seed):
+    """Tokens/s over a server pinned to width 1, with `probe_budget` 0.02 and 0."""
     got = {}
-    for budget in (0.0, 0.02):
+    for budget in (0.02, 0.0):
         policy = AdaptiveWidth(AdaptiveWidthConfig(probe_budget=budget))
         Groups([0.95], seed=seed, stalls=0.1).serve(policy, 6, 1)
         got[budget] = Groups([0.95], seed=seed, stalls=0.1).serve(policy, 12, 16)
     plain = Groups([0.95], seed=seed, stalls=0.1).serve(AdaptiveWidth(AdaptiveWidthConfig(pin=[1])), 12, 16)
-    assert got[0.02] / plain >= 0.95 and got[0.02] > got[0.0] * 1.005, (got, plain)
+    return got[0.02] / plain, got[0.0] / plain
+
+
+def test_probes_that_lose_wait_until_their_loss_is_earned_back():
+    """Single requests (width 16 the best), then groups of 16 (width 1 the best until a
+    group's last few requests): at batch 16 a probe of width 2 costs 3.5 x a width-1 step
+    and brings 0.56 of its tokens/s, and the batch halves four times per group. Probes
+    that lose against the choice are held to `probe_budget` (2 %) of the time: 0.96-0.97 of
+    width 1 over four seeds against 0.94-0.96 with probes on schedule alone (budget 0).
+    With one machine speed per batch size (2026-12-05; every batch size here is visited
+    for a few steps per group, so each speed learns from fewer steps) 0.949-0.968 against
+    0.948-0.958, means 0.959 against 0.954."""
+    ratios = [_budget_ratios(seed) for seed in range(4)]
+    assert all(budgeted >= 0.945 and budgeted >= unbudgeted for budgeted, unbudgeted in ratios), ratios
+    means = [sum(r[i] for r in ratios) / len(ratios) for i in (0, 1)]
+    assert means[0] >= 0.955 and means[0] > means[1] + 0.003, ratios
 
 
 class Drifting(Simulated):
@@ -612,9 +622,9 @@ def test_prices_follow_the_machines_speed():
     # own cell (to 1.05), the other 59 the speed
     assert tracked.predict(1, 8) / tracked.predict(1, 16) == pytest.approx(0.9 / 1.05)
     # a probe of width 8 now moves its own price, not the speed
-    speed = tracked.speed
+    speed = tracked.speeds[1]
     tracked.observe(1, 8, 1.0)
-    assert tracked.speed == speed and tracked.predict(1, 8) < 0.9 * speed
+    assert tracked.speeds[1] == speed and tracked.predict(1, 8) < 0.9 * speed
 
 
 def test_the_speed_does_not_run_away_on_steady_noise():
@@ -635,12 +645,32 @@ def test_the_speed_does_not_run_away_on_steady_noise():
             assert 0.9 < costs.predict(1, 16) / costs.predict(1, 8) < 1.8
 
 
+def test_the_running_width_moves_the_speed_of_its_own_batch_size_only():
+    """Widths are compared at one batch size, and each batch size has its own speed: steps
+    at batch 16 running twice their price leave batch 1's prices as they were (with one
+    speed for all, widths 4, 2 and 1 at batch 1 were left at twice their price after a
+    served c16 phase, and width 1 never ran there again)."""
+    costs = StepCosts(ema=0.3, track_speed=True)
+    for bs, prices in ((1, {16: 0.017, 8: 0.015, 1: 0.008}), (16, {16: 0.040, 4: 0.027, 1: 0.015})):
+        for width, seconds in prices.items():
+            for _ in range(3):
+                costs.observe(bs, width, seconds)
+    for _ in range(50):
+        costs.observe(16, 4, 0.054)
+    assert costs.predict(16, 4) == pytest.approx(0.054, rel=0.01)
+    first = 0.027 + 0.1 * (1.5 * 0.027 - 0.027)   # the step after a switch moved width 4's own price
+    assert costs.predict(16, 16) / costs.predict(16, 4) == pytest.approx(0.040 / first)   # the rest followed it
+    assert [costs.predict(1, w) for w in (16, 8, 1)] == pytest.approx([0.017, 0.015, 0.008])
+    # a batch size never timed is priced as the nearest one that was, at that one's speed
+    assert costs.predict(14, 1) == pytest.approx(0.015 * 0.054 / first, rel=0.01)
+
+
 def test_a_stall_of_the_running_width_moves_the_speed_as_it_moved_its_price():
     costs = StepCosts(ema=0.3, track_speed=True)
     for _ in range(4):
         costs.observe(1, 16, 1.0)
     costs.observe(1, 16, 10.0)                        # one stalled step: capped at 1.5 x, weight 0.1
-    assert costs.speed == pytest.approx(1.05) and costs.predict(1, 16) == pytest.approx(1.05)
+    assert costs.speeds[1] == pytest.approx(1.05) and costs.predict(1, 16) == pytest.approx(1.05)
     for _ in range(10):
         costs.observe(1, 16, 1.0)                     # faster: news, weight 0.6
     assert costs.predict(1, 16) == pytest.approx(1.0, rel=0.001)
