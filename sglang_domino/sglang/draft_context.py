@@ -103,7 +103,7 @@ def padded_rows(hidden: torch.Tensor, cache_loc: torch.Tensor, positions: torch.
     last row's slot, commit length 0 (projected, not written; see the module's docstring)."""
     n = int(cache_loc.numel())
     pad = (1 << max(n - 1, 0).bit_length()) - n
-    if pad <= 0:
+    if n == 0 or pad <= 0:
         return hidden, cache_loc, positions, commit_lens
     return (torch.cat([hidden, hidden.new_zeros(pad, *hidden.shape[1:])]),
             torch.cat([cache_loc, cache_loc[-1:].expand(pad)]),

@@ -128,6 +128,9 @@ def test_a_write_is_padded_to_a_power_of_two_rows_that_are_not_written():
         assert l[:n].tolist() == loc.tolist() and p[:n].tolist() == pos.tolist() and c[:n].tolist() == [1] * n
         assert not h[n:].any() and set(l[n:].tolist()) <= {10 + n - 1} and not p[n:].any() and not c[n:].any()
         assert l.dtype == loc.dtype and c.dtype == torch.int32
+    empty = (torch.zeros(0, HIDDEN), torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64),
+             torch.zeros(0, dtype=torch.int32))
+    assert [t.shape[0] for t in padded_rows(*empty)] == [0, 0, 0, 0]
 
 
 def test_rows_are_written_after_max_steps_and_dropped_when_the_pools_are_flushed():
