@@ -309,10 +309,11 @@ class StepCosts:
     makes what no step of that shape needed before, and in bfloat16 on the CPU that is a
     oneDNN kernel per new matrix-product shape (1.5-6.5 ms each the first time on a 2-core
     Intel Xeon with AMX, against 0.4-1.8 after): in a served bfloat16 c8 run first steps
-    took 40-165 ms against 10-28 after, and one of them, kept as half of a two-sample
-    median, priced width 8 at batch 1 at 58 ms, which carried over to batch 8 priced
-    width 16 there at 147 ms and kept the policy at width 1 for 500 steps
-    (docs/adaptive-width.md). A cell with only its cold timing has no price.
+    took 40-170 ms against 10-28 after. Kept as prices (width 16's one timing at batch 3,
+    166 ms; width 8's at batch 1 the mean of 99 and 17 ms, a two-timing median) and
+    carried over to batch 8, they priced width 16 there at 147 ms and width 8 at 52, and
+    kept the policy at width 1 for 500 steps (docs/adaptive-width.md). A cell with only
+    its cold timing has no price.
 
     A step's host time only
     gains from interference (another process on the core, a collection, a page fault),
@@ -351,8 +352,8 @@ class StepCosts:
     (until 2026-12-05), the running width at batch 12-16 moved every batch size's prices,
     and back at batch 1 only the width that ran there and its probed neighbour were timed
     again; widths 4, 2 and 1 at batch 1 stayed at twice their price for the rest of a
-    served bfloat16 run, and width 1, the best there in half the steps, never ran again. The running width's price is then exactly the average above,
-    and nothing feeds back. In the closed-loop simulation with the machine's speed
+    served bfloat16 run, and width 1 never ran there again. The running width's price is
+    then exactly the average above, and nothing feeds back. In the closed-loop simulation with the machine's speed
     changing to 1-2.5 x every few hundred steps, the worst of 6 seeds rose from 0.961 to
     0.988 of the best fixed width at batch 8 and from 0.936 to 0.977 at batch 16. A first
     try, which moved a shared factor by the residual of each timing while the cell kept
