@@ -315,12 +315,12 @@ class StepCosts:
     kept the policy at width 1 for 500 steps (docs/adaptive-width.md). A cell with only
     its cold timing has no price.
 
-    A step's host time only
-    gains from interference (another process on the core, a collection, a page fault),
-    never loses, so a sample below the estimate is news (weight 2 x ema) and one above it
-    mostly noise (weight ema / 3, the sample capped at 1.5 x the estimate): one stalled
-    step moves a cell by 5 % instead of doubling a rarely run width's price, and a real
-    rise (longer contexts) is still followed, by up to 5 % a step. In a closed-loop
+    A step's host time only gains from interference (another process on the core, a
+    collection, a page fault), never loses, so a sample below the estimate is news
+    (weight 2 x ema) and one above it mostly noise (weight ema / 3, the sample capped at
+    1.5 x the estimate): one stalled step moves a cell by 5 % instead of doubling a rarely
+    run width's price, and a real rise (longer contexts) is still followed, by up to 5 %
+    a step. In a closed-loop
     simulation with one step in ten stalled by 1.5-4 x (tests/test_verify_width.py), the
     policy's tokens/s against the best fixed width rose from 0.94 to 0.99 at batch 8 and
     16 and from 0.98 to 1.00 at batch 1.
@@ -353,8 +353,8 @@ class StepCosts:
     and back at batch 1 only the width that ran there and its probed neighbour were timed
     again; widths 4, 2 and 1 at batch 1 stayed at twice their price for the rest of a
     served bfloat16 run, and width 1 never ran there again. The running width's price is
-    then exactly the average above, and nothing feeds back. In the closed-loop simulation with the machine's speed
-    changing to 1-2.5 x every few hundred steps, the worst of 6 seeds rose from 0.961 to
+    then exactly the average above, and nothing feeds back. In the closed-loop simulation
+    with the machine's speed changing to 1-2.5 x every few hundred steps, the worst of 6 seeds rose from 0.961 to
     0.988 of the best fixed width at batch 8 and from 0.936 to 0.977 at batch 16. A first
     try, which moved a shared factor by the residual of each timing while the cell kept
     learning too, ran away on the noisy CPU (the asymmetric average sits below the
@@ -608,9 +608,9 @@ class AdaptiveWidth:
             width = probe if probe is not None else width
             self.last_expected = self._expected(survivals, width, bs)
             # a width whose price at this batch size is not settled (`StepCosts.missing`)
-            # keeps running until it is: a probe (or a choice priced from a neighbour) timed once,
-            # on a stalled step, would otherwise keep that price until the next probe,
-            # hundreds of steps later once probes have backed off
+            # keeps running until it is: a probe (or a choice priced from a neighbour)
+            # timed once, on a stalled step, would otherwise keep that price until the
+            # next probe, hundreds of steps later once probes have backed off
             self.repeat = (width, bs, max(self.costs.missing(bs, width) - 1, 0))
         self.histogram[width] += 1
         return width
