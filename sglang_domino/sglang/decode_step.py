@@ -158,7 +158,8 @@ class DecodeStep:
 
         worker = self.worker
         bs = int(candidates.shape[0])
-        if not _is_all_greedy(sampling_info) or SIMULATE_ACC_LEN > 0:
+        if (not _is_all_greedy(sampling_info) or SIMULATE_ACC_LEN > 0
+                or getattr(worker, "_step_penalties", None) is not None):   # penalties: `penalty_state`
             return worker._accept_block(candidates=candidates, next_token_logits=next_token_logits,
                                         sampling_info=sampling_info, draft_input=draft_input,
                                         prefix_lens=prefix_lens, bs=bs, target_predict=target_predict)

@@ -83,6 +83,7 @@ B8_STATE = Group("b8 state buffers", Moment.SCHEDULER_START, "schedulers",
                  "DFLASH with a draft block wider than the verify window")
 CPU_DISAGGREGATION = Group("cpu disaggregation", Moment.SCHEDULER_START, "schedulers",
                            "`--disaggregation-mode prefill|decode` with `--device cpu`")
+PENALTIES = Group("penalties", Moment.WORKER_INIT, "schedulers", "always")
 ADAPTIVE_METRICS = Group("adaptive metrics", Moment.WORKER_INIT, "schedulers", "`--speculative-adaptive`")
 CPU_ATTENTION = Group("cpu attention", Moment.SCHEDULER_START, "model-running processes",
                       "`--device cpu`, unless SGLANG_DOMINO_CPU_ATTENTION=upstream")
@@ -98,7 +99,7 @@ RUNNING_REQUESTS = Group("running requests", Moment.SCHEDULER_START, "schedulers
 
 GROUPS = (EVERY_PROCESS, CPU_ENGINE, CPU_STANDIN, CHECKPOINT_COMPAT, CPU_DFLASH, DOMINO_ROLLOUT, B8_RESERVATION,
           WORKER, STEP, RESOLVE, PLATFORM, DISAGGREGATION, CPU_DISAGGREGATION, B8_STATE, CPU_ATTENTION, CPU_FORWARD,
-          ADAPTIVE_METRICS,
+          ADAPTIVE_METRICS, PENALTIES,
           HYBRID_REPLAY, RUNNING_REQUESTS)
 
 
@@ -284,6 +285,11 @@ PATCHES: tuple[Patch, ...] = (
           "draft_block:around_decode_alloc_lens", Kind.AROUND, B8_RESERVATION,
           "the decode KV reservation covers the whole draft block",
           params=("reqs", "reserve")),
+    Patch("verify_logits_adjustments", f"{_W2}.apply_dflash_verify_logits_adjustments",
+          "penalty_state:around_verify_logits_adjustments", Kind.AROUND, PENALTIES,
+          "a penalised step's adjustments are the worker's, per position of the block (0.5.23 broadcasts one "
+          "penalty over the block and feeds its penalizers no output); other callers and steps get upstream's",
+          params=("next_token_logits", "sampling_info", "draft_token_num")),
     Patch("adaptive_accept_rate",
           f"{_S}.managers.scheduler_components.metrics_reporter.SchedulerMetricsReporter.report_decode_stats",
           "metrics:around_report_decode_stats", Kind.AROUND, ADAPTIVE_METRICS,
@@ -407,7 +413,8 @@ DEPENDS: tuple[Dependency, ...] = (
     Dependency(f"{_W2}.DFlashWorkerV2.__init__", "the worker's constructor",
                params=("server_args", "gpu_id", "nccl_port", "target_worker")),
     Dependency(f"{_W2}.DFlashWorkerV2.forward_batch_generation", "the whole step, run unchanged"),
-    Dependency(f"{_W2}.DFlashWorkerV2._accept_block", "overridden: exact sampled verify without the CUDA kernel"),
+    Dependency(f"{_W2}.DFlashWorkerV2._accept_block", "overridden: exact sampled verify without the CUDA kernel; "
+               "a penalised step's per-position adjustments and counts (`penalty_state`)"),
     Dependency(f"{_W2}.DFlashWorkerV2.init_cuda_graphs", "overridden: the draft graph at the draft block"),
     Dependency(f"{_W2}.DFlashWorkerV2._maybe_build_draft_sampler",
                "overridden: b8's sampler built at the draft block; the Transformers window's widened to it; "
@@ -431,7 +438,8 @@ DEPENDS: tuple[Dependency, ...] = (
                params=("plan",)),
     Dependency(f"{_W2}.DFlashWorkerV2._make_next_draft_input_decode", "the decode step's next draft input",
                params=("bonus_tokens", "new_seq_lens")),
-    Dependency(f"{_W2}.DFlashWorkerV2._can_skip_verify_logits", "a deferred logits shard reduced to its argmax",
+    Dependency(f"{_W2}.DFlashWorkerV2._can_skip_verify_logits", "a deferred logits shard reduced to its argmax; "
+               "overridden: never in a penalised step",
                params=("batch", "sampling_info")),
     Dependency(f"{_S}.speculative.dflash_utils.apply_dflash_verify_logits_adjustments",
                "penalties and bias on the decode step's logits, as on a verify's",

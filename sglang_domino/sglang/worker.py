@@ -44,7 +44,7 @@ from sglang.srt.speculative.draft_worker_common import make_draft_block_spec_inf
 from typing_extensions import override
 
 from ..verify_width import AdaptiveWidth, FixedWidth
-from . import HF_WINDOW_ENV, draft_tail, env_flag, hooks, q_sampler, request_accept, warmup
+from . import HF_WINDOW_ENV, draft_tail, env_flag, hooks, penalty_state, q_sampler, request_accept, warmup
 from . import settings as scheduler_settings
 from .checks import check_draft_against_target, read_draft_config, read_target_config
 from .cpu import dflash as cpu_dflash
@@ -123,6 +123,12 @@ class DominoDFlashWorker(DFlashWorkerV2):
             "sampled verify=%s", self.device, self.draft_block,
             f"adaptive {self.width_policy.widths}" if adaptive is not None else self.block_size, self._is_domino,
             "q rule (draft sampled from q, min(1, p/q))" if self.q_rule else "point mass")
+        # every penalty exact at every position of the block (`penalty_state`)
+        self._penalties = penalty_state.PenaltyPool(
+            rows=lambda: self.model_runner.req_to_token_pool.req_to_token.shape[0],
+            vocab=int(self.model_runner.model_config.vocab_size), device=self.device)
+        self._step_penalties = None
+        hooks.install(hooks.PENALTIES)
         FirstVerifyLog(self).install()
 
     def _deferred_context(self):
@@ -184,7 +190,21 @@ class DominoDFlashWorker(DFlashWorkerV2):
     @override
     def forward_batch_generation(self, batch, *args, **kwargs):
         """Each decode step at the width `self.width_policy` chooses for the batch
-        (`width_switch`); with a fixed width, upstream's step as built."""
+        (`width_switch`); with a fixed width, upstream's step as built. A step with a
+        sampling penalty penalises each row of its block with the output before it
+        (`penalty_state`)."""
+        extend = batch.forward_mode.is_extend() or batch.is_extend_in_batch
+        if extend:
+            self._penalties.forget(batch.reqs)
+        step = None if extend or batch.forward_mode.is_idle() else self._penalties.step(batch)
+        self._step_penalties = step
+        try:
+            with penalty_state.active(step):
+                return self._forward_step(batch, *args, **kwargs)
+        finally:
+            self._step_penalties = None
+
+    def _forward_step(self, batch, *args, **kwargs):
         decode = not (batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle())
         if not decode:
             self._clock.break_chain()
@@ -312,6 +332,24 @@ class DominoDFlashWorker(DFlashWorkerV2):
 
     @override
     def _accept_block(self, **kwargs):
+        """A penalised step (`penalty_state`): every row of the block adjusted with the
+        output before it, then accepted (`_accept`), then the committed tokens counted."""
+        penalties = getattr(self, "_step_penalties", None)
+        if penalties is None or kwargs.get("next_token_logits") is None:
+            return self._accept(**kwargs)
+        penalties.apply(kwargs["next_token_logits"], kwargs["candidates"], kwargs["sampling_info"])
+        result = self._accept(**kwargs)
+        penalties.commit(kwargs["candidates"], result[0])
+        return result
+
+    @override
+    def _can_skip_verify_logits(self, batch, sampling_info) -> bool:
+        # a penalised step needs the full logits (a vocabulary shard's argmax is not enough)
+        if getattr(self, "_step_penalties", None) is not None:
+            return False
+        return super()._can_skip_verify_logits(batch, sampling_info)
+
+    def _accept(self, **kwargs):
         """0.5.23 verifies sampled requests only with a CUDA/MUSA kernel
         (`tree_speculative_sampling_target_only`); elsewhere it verifies them by greedy
         argmax, which does not preserve the requested distribution. Without the kernel,

@@ -1,0 +1,149 @@
+"""Per-position penalties in a verified block (`sglang_domino.penalties`) against 0.5.23's
+own penalizers run the way plain decoding runs them: for each row of the block, one
+orchestrator fed the row's whole history one token at a time (as plain decoding feeds it
+step by step), its additive penalties accumulated and added, then its scaling applied
+(0.5.23's overlap path). Also: the commit of accepted tokens, and the whole step on fake
+CUDA without a host read."""
+
+from __future__ import annotations
+
+import random
+import weakref  # noqa: F401  (the orchestrator holds its batch by weak reference)
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytest.importorskip("sglang")
+
+from sglang.srt.sampling import penaltylib  # noqa: E402
+from sglang.srt.sampling.penaltylib import repetition_penalty as rp  # noqa: E402
+
+from sglang_domino.penalties import BlockPenalties, apply_block_penalties, commit_counts  # noqa: E402
+from tests.fake_cuda import fake_cuda  # noqa: E402
+
+V, W = 40, 6
+EOS = 3
+PENALIZERS = {penaltylib.BatchedFrequencyPenalizer, penaltylib.BatchedMinNewTokensPenalizer,
+              penaltylib.BatchedPresencePenalizer, penaltylib.BatchedRepetitionPenalizer}
+# 0.5.23 compiles the scaling with torch.compile; the same function, uncompiled
+apply_scaling = getattr(rp.apply_scaling_penalties, "_torchdynamo_orig_callable", rp.apply_scaling_penalties)
+
+
+class _Batch:
+    """What the orchestrator reads of a ScheduleBatch."""
+
+    def __init__(self, reqs):
+        self.reqs, self.device = reqs, "cpu"
+
+
+def _req(params: dict):
+    sampling = SimpleNamespace(frequency_penalty=0.0, presence_penalty=0.0, repetition_penalty=1.0,
+                               min_new_tokens=0, stop_token_ids={7})
+    for key, value in params.items():
+        setattr(sampling, key, value)
+    return SimpleNamespace(sampling_params=sampling, eos_token_ids={EOS},
+                           tokenizer=SimpleNamespace(additional_stop_token_ids=None, eos_token_id=EOS))
+
+
+def plain_row(logits_row: torch.Tensor, params: dict, history: list[int]) -> torch.Tensor:
+    """The logits plain decoding samples from after `history` (0.5.23's penalizers)."""
+    batch = _Batch([_req(params)])
+    orch = penaltylib.BatchedPenalizerOrchestrator(vocab_size=V, batch=batch, penalizers=PENALIZERS)
+    for token in history:
+        orch.cumulate_output_tokens(torch.tensor([token]))
+    out = logits_row.clone()[None]
+    if not orch.is_required:
+        return out[0]
+    acc = torch.zeros(1, V)
+    orch.accumulate_additive_penalties(acc)
+    out.add_(acc)
+    scaling = orch.accumulate_scaling_penalties()
+    if scaling is not None:
+        apply_scaling(out, scaling)
+    return out[0]
+
+
+def block_inputs(rows: list[dict], committed: list[list[int]]):
+    """`BlockPenalties` for rows with these parameters and committed outputs (each
+    without its last token, which the block's column 0 carries)."""
+    bs = len(rows)
+    counts = torch.zeros(bs, V)
+    for b, hist in enumerate(committed):
+        for t in hist:
+            counts[b, t] += 1
+    get = lambda key, default: torch.tensor([float(r.get(key, default)) for r in rows])  # noqa: E731
+    stops = [sorted({7, EOS}) for _ in rows]
+    return BlockPenalties(
+        counts=counts, generated=torch.tensor([len(h) for h in committed]),
+        frequency=get("frequency_penalty", 0.0), presence=get("presence_penalty", 0.0),
+        repetition=get("repetition_penalty", 1.0),
+        min_new=torch.tensor([int(r.get("min_new_tokens", 0)) for r in rows]),
+        stop_ids=torch.tensor(stops), stop_valid=torch.ones(bs, len(stops[0]), dtype=torch.bool))
+
+
+ROWS = [
+    {"frequency_penalty": 2.0},
+    {"presence_penalty": 1.5},
+    {"repetition_penalty": 2.0},
+    {"min_new_tokens": 9},
+    {"frequency_penalty": 0.5, "presence_penalty": 0.25, "repetition_penalty": 1.5, "min_new_tokens": 4},
+    {"frequency_penalty": -1.0, "repetition_penalty": 0.5},
+    {},
+]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_every_row_of_the_block_is_plain_decodings(seed):
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    bs = len(ROWS)
+    # few distinct tokens, so the block repeats tokens and the history holds them
+    committed = [[rng.choice([1, 2, EOS, 5, 7, 8]) for _ in range(rng.randint(0, 5))] for _ in range(bs)]
+    candidates = torch.tensor([[rng.choice([1, 2, EOS, 5, 7, 8, 9]) for _ in range(W)] for _ in range(bs)])
+    logits = torch.randn(bs, W, V) * 3
+    logits[:, :, 8] = -2.5   # a negative logit the repetition penalty scales the other way
+    got = logits.clone()
+    apply_block_penalties(got, candidates, block_inputs(ROWS, committed))
+    for b in range(bs):
+        for i in range(W):
+            history = committed[b] + candidates[b, :i + 1].tolist()
+            want = plain_row(logits[b, i], ROWS[b], history)
+            torch.testing.assert_close(got[b, i], want, rtol=0, atol=1e-6, msg=f"row {b} position {i}")
+
+
+def test_min_new_tokens_counts_the_block():
+    """Stop tokens are blocked exactly while fewer than min_new tokens precede the row."""
+    rows, committed = [{"min_new_tokens": 5}], [[1, 2]]   # + candidates[:, 0]: 3 generated before row 0
+    logits = torch.zeros(1, W, V)
+    apply_block_penalties(logits, torch.tensor([[1] * W]), block_inputs(rows, committed))
+    blocked = torch.isinf(logits[0, :, EOS]).tolist()
+    assert blocked == [True, True, False, False, False, False]   # rows generate tokens 4, 5, 6, ...
+    assert torch.isinf(logits[0, :, 7]).tolist() == blocked
+
+
+def test_commit_adds_the_last_token_and_the_accepted_drafts():
+    counts, generated = torch.zeros(5, V), torch.zeros(5, dtype=torch.int64)
+    candidates = torch.tensor([[4, 9, 9, 6], [2, 2, 3, 1]])
+    commit_counts(counts, generated, torch.tensor([3, 1]), candidates, torch.tensor([2, 0]))
+    assert counts[3, 4] == 1 and counts[3, 9] == 2 and counts[3, 6] == 0
+    assert counts[1, 2] == 1 and counts[1, 3] == 0
+    assert generated.tolist() == [0, 1, 0, 3, 0]
+
+
+def test_block_penalties_read_nothing_back_on_fake_cuda():
+    with fake_cuda():
+        bs = 3
+        pen = BlockPenalties(
+            counts=torch.zeros(bs, V, device="cuda"), generated=torch.zeros(bs, dtype=torch.int64, device="cuda"),
+            frequency=torch.ones(bs, device="cuda"), presence=torch.ones(bs, device="cuda"),
+            repetition=torch.full((bs,), 2.0, device="cuda"),
+            min_new=torch.full((bs,), 4, dtype=torch.int64, device="cuda"),
+            stop_ids=torch.zeros(bs, 2, dtype=torch.int64, device="cuda"),
+            stop_valid=torch.ones(bs, 2, dtype=torch.bool, device="cuda"))
+        logits = torch.randn(bs, W, V, device="cuda")
+        candidates = torch.randint(0, V, (bs, W), device="cuda")
+        apply_block_penalties(logits, candidates, pen)
+        pool, gen = torch.zeros(8, V, device="cuda"), torch.zeros(8, dtype=torch.int64, device="cuda")
+        commit_counts(pool, gen, torch.tensor([0, 5, 2], device="cuda"), candidates,
+                      torch.zeros(bs, dtype=torch.int32, device="cuda"))
