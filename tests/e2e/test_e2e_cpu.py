@@ -97,24 +97,37 @@ SAMPLED_ROWS = 240
 SAMPLED_TEMPERATURE = 0.15
 
 
-def _exact_next(target, ids):
-    """The target's own next-token distribution at SAMPLED_TEMPERATURE."""
+def _exact_next(target, ids, output=(), frequency_penalty=0.0):
+    """The target's own next-token distribution at SAMPLED_TEMPERATURE after `ids`, whose
+    tail `output` the request generated: plain decoding subtracts `frequency_penalty`
+    per earlier occurrence of each output token before the temperature."""
     from sglang_domino.sampling import SamplingParams, to_probs
 
     with torch.no_grad():
         logits = target(torch.tensor([ids])).logits[0, -1]
+    for token in output:
+        logits[token] -= frequency_penalty
     return to_probs(logits, SamplingParams(temperature=SAMPLED_TEMPERATURE))
 
 
-def test_sampled_output_follows_the_target_distribution(spec, models):
+# 0.6 / 0.15 = 4 nats off a live token's log-odds per earlier occurrence; after this prompt
+# the target repeats its top token (p 0.95 at token 2 unpenalised, 0.24 penalised)
+PENALISED = ([7] * 6, 0.6)
+
+
+@pytest.mark.parametrize("prompt, frequency_penalty", [(SAMPLED_PROMPT, 0.0), PENALISED], ids=["plain", "penalised"])
+def test_sampled_output_follows_the_target_distribution(spec, models, prompt, frequency_penalty):
     """temperature > 0 on CPU: tokens 2 and 3 of each answer come out of speculative
     verification (token 1 out of the prefill) and must follow the target's distribution
     given what precedes them (0.5.23 alone verifies them by greedy argmax on CPU).
     Pooled per position over the rows: how often the token is the target's argmax (a
     live token, the draft's usual proposal) and how often one of the zero-logit tokens,
-    against the exact conditional probabilities of each row's own prefix."""
-    params = {"max_new_tokens": 3, "ignore_eos": True, "temperature": SAMPLED_TEMPERATURE}
-    status, body = spec.post("/generate", {"input_ids": [SAMPLED_PROMPT] * SAMPLED_ROWS, "sampling_params": params})
+    against the exact conditional probabilities of each row's own prefix. With a
+    frequency penalty, each of those follows the penalty of the tokens before it, the
+    ones earlier in the same verified block included (0.5.23 penalises none of them)."""
+    params = {"max_new_tokens": 3, "ignore_eos": True, "temperature": SAMPLED_TEMPERATURE,
+              "frequency_penalty": frequency_penalty}
+    status, body = spec.post("/generate", {"input_ids": [prompt] * SAMPLED_ROWS, "sampling_params": params})
     assert status == 200, body
     outs = [row["output_ids"] for row in body]
     assert all(len(o) == 3 for o in outs)
@@ -130,14 +143,18 @@ def test_sampled_output_follows_the_target_distribution(spec, models):
         observed = torch.zeros(2, dtype=torch.float64)
         expected = torch.zeros(2, dtype=torch.float64)
         variance = torch.zeros(2, dtype=torch.float64)
+        unpenalised = torch.zeros(2, dtype=torch.float64)
         for o in outs:
             prefix = tuple(o[:position])
             if prefix not in cache:
-                cache[prefix] = _exact_next(models["hf_target"], SAMPLED_PROMPT + list(prefix)).double()
-            p = cache[prefix]
-            top = int(p.argmax())
+                ids = prompt + list(prefix)
+                cache[prefix] = (_exact_next(models["hf_target"], ids, prefix, frequency_penalty).double(),
+                                 _exact_next(models["hf_target"], ids).double())
+            p, p0 = cache[prefix]
+            top = int(p0.argmax())
             assert top in tiny.LIVE_TOKENS
             bins = torch.stack([p[top], 1 - p[list(tiny.LIVE_TOKENS)].sum()])
+            unpenalised += torch.stack([p0[top], 1 - p0[list(tiny.LIVE_TOKENS)].sum()])
             observed += torch.tensor([o[position] == top, o[position] not in tiny.LIVE_TOKENS], dtype=torch.float64)
             expected += bins
             variance += bins * (1 - bins)
@@ -145,6 +162,8 @@ def test_sampled_output_follows_the_target_distribution(spec, models):
         assert bool((z.abs() < 4.5).all()), (spec.config.name, position, observed.tolist(), expected.tolist())
         # the check has power: a greedy verify would emit the argmax on every row
         assert SAMPLED_ROWS - expected[0] > 10 * variance[0].sqrt()
+        if frequency_penalty:   # and the penalty of the earlier tokens moves what is expected
+            assert (expected - unpenalised).abs().max() > 10 * variance.sqrt().max(), (position, expected, unpenalised)
 
 
 def test_mixed_batch_keeps_greedy_rows_exact(spec, expected):
