@@ -100,7 +100,7 @@ class PenaltyPool:
 
     def step(self, batch) -> Optional["StepPenalties"]:
         """The penalties of a decode step of `batch`, or None when no request has one."""
-        if True:
+        if not batch_penalised(batch.sampling_info):
             return None
         reqs = list(batch.reqs)
         params = [req.sampling_params for req in reqs]
