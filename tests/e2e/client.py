@@ -17,6 +17,15 @@ MAX_TOKENS = 32
 CHAT = [{"role": "user", "content": "sing about rivers and mountains"}]
 # token ids for /generate, compared with the Transformers backend's output
 HF_PROMPTS = [[5, 77, 300, 41, 9], [100, 200], [7] * 6, [300, 301, 300]]
+# Greedy /generate requests whose penalty changes the tiny target's answer to HF_PROMPTS[2]
+# (it repeats its top live token, which each penalty pushes under the zero-logit tokens;
+# min_new_tokens holds that token back as a stop id for 20 tokens)
+PENALISED = {
+    "frequency_penalty": {"frequency_penalty": 0.4},
+    "presence_penalty": {"presence_penalty": 1.0},
+    "repetition_penalty": {"repetition_penalty": 1.3, "frequency_penalty": 0.2},
+    "min_new_tokens": {"min_new_tokens": 20, "stop_token_ids": [300]},
+}
 STREAM_PROMPTS = [PROMPTS[i % len(PROMPTS)] + " " * (i // len(PROMPTS)) for i in range(8)]
 STREAM_LENGTHS = [8 + 5 * i for i in range(8)]
 
@@ -44,6 +53,14 @@ def generate_ids(server, input_ids, n=MAX_TOKENS, model=None) -> dict:
                                                                  "ignore_eos": True}})
     assert status == 200, body
     return body
+
+
+def generate_penalised(server, params: dict) -> list[int]:
+    """Greedy /generate of HF_PROMPTS[2] with `params` added: the output ids."""
+    status, body = server.post("/generate", {"input_ids": HF_PROMPTS[2], "sampling_params": {
+        "max_new_tokens": MAX_TOKENS, "temperature": 0, **params}})
+    assert status == 200, body
+    return body["output_ids"]
 
 
 def streams_expected(server) -> list[str]:

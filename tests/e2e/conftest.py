@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.client import CHAT, HF_PROMPTS, PROMPTS, chat, completion, generate_ids, streams_expected
+from tests.e2e.client import (CHAT, HF_PROMPTS, PENALISED, PROMPTS, chat, completion, generate_ids, generate_penalised,
+                              streams_expected)
 from tests.helpers.servers import BASE_ARGS, Zygote, start_server
 
 
@@ -43,13 +44,32 @@ def expected(models, start):
     """Everything the plain (non-speculative) TP 1 server answers, computed once for every
     end-to-end file; the server is stopped before any other starts (2 cores: one server at
     a time)."""
-    base = start(["--model-path", models["target"], *BASE_ARGS], "base", module_entry=True)
+    start.plain_args = ["--model-path", models["target"], *BASE_ARGS]
+    base = start(start.plain_args, "base", module_entry=True)
     try:
         return {
             "completions": {p: completion(base, p) for p in PROMPTS},
             "chat": chat(base, CHAT),
             "streams": streams_expected(base),
             "generate": [generate_ids(base, ids)["output_ids"] for ids in HF_PROMPTS],
-        }
+        } | penalised_expected(start)
     finally:
         base.stop()
+
+
+# 0.5.23's plain server with its overlap scheduler (the default) applies a penalty one token
+# late: `ScheduleBatch.cumulate_penalty_output_tokens` feeds the penalizers
+# `req.output_ids[-1]` while the previous step's token is not yet processed. The
+# synchronous loop feeds each token before the next step, which is plain decoding's
+# definition (and Transformers'): the penalised references come from it.
+SYNC = ("--disable-overlap-schedule",)
+
+
+def penalised_expected(start) -> dict:
+    """What the synchronous plain server answers to the PENALISED requests."""
+    sync = start([*start.plain_args, *SYNC], "base-sync")
+    try:
+        return {"penalised": {name: generate_penalised(sync, params) for name, params in PENALISED.items()},
+                "unpenalised": generate_penalised(sync, {})}
+    finally:
+        sync.stop()

@@ -9,8 +9,8 @@ import re
 import pytest
 import torch
 
-from tests.e2e.client import (CHAT, HF_PROMPTS, MAX_TOKENS, PROMPTS, check_streams_and_abort, chat, completion,
-                              generate_ids, transformers_spec)
+from tests.e2e.client import (CHAT, HF_PROMPTS, MAX_TOKENS, PENALISED, PROMPTS, check_streams_and_abort, chat,
+                              completion, generate_ids, generate_penalised, transformers_spec)
 from tests.helpers import tiny
 from tests.helpers.servers import ADAPTIVE_LOG_EVERY, BASE_ARGS, BLOCK, SPEC_CONFIGS, server_env
 
@@ -34,6 +34,16 @@ def test_completions_and_chat_match_plain_server(spec, expected):
         assert got == expected["completions"][prompt], (spec.config.name, prompt)
         assert got[1] == MAX_TOKENS
     assert chat(spec, CHAT) == expected["chat"]
+
+
+@pytest.mark.parametrize("name", list(PENALISED))
+def test_penalised_greedy_output_matches_plain_server(spec, expected, name):
+    """Each penalty changes the plain server's answer here, and each speculative server
+    gives that answer: every position of a verified block is penalised with the tokens
+    before it (`penalty_state`)."""
+    want = expected["penalised"][name]
+    assert want != expected["unpenalised"], f"{name} has no effect on this prompt"
+    assert generate_penalised(spec, PENALISED[name]) == want, (spec.config.name, name)
 
 
 def test_generate_reports_speculation(spec):
@@ -112,10 +122,10 @@ def _exact_next(target, ids, output=(), frequency_penalty=0.0):
 
 # 0.6 / 0.15 = 4 nats off a live token's log-odds per earlier occurrence; after this prompt
 # the target repeats its top token (p 0.95 at token 2 unpenalised, 0.24 penalised)
-PENALISED = ([7] * 6, 0.6)
+SAMPLED_PENALISED = ([7] * 6, 0.6)
 
 
-@pytest.mark.parametrize("prompt, frequency_penalty", [(SAMPLED_PROMPT, 0.0), PENALISED], ids=["plain", "penalised"])
+@pytest.mark.parametrize("prompt, frequency_penalty", [(SAMPLED_PROMPT, 0.0), SAMPLED_PENALISED], ids=["plain", "penalised"])
 def test_sampled_output_follows_the_target_distribution(spec, models, prompt, frequency_penalty):
     """temperature > 0 on CPU: tokens 2 and 3 of each answer come out of speculative
     verification (token 1 out of the prefill) and must follow the target's distribution

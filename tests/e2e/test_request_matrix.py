@@ -11,6 +11,7 @@ import os
 
 import pytest
 
+from tests.e2e.conftest import SYNC
 from tests.e2e.request_matrix import ROWS, TESTBED, answer
 from tests.helpers.servers import BASE_ARGS
 
@@ -35,8 +36,10 @@ SERVERS = {
 @pytest.fixture(scope="module")
 def plain(start):
     """The plain server's answer to every row, with and without its parameter (stopped
-    before any speculative server starts: one server at a time on 2 cores)."""
-    server = start(TARGET, "matrix-plain")
+    before any speculative server starts: one server at a time on 2 cores). Its
+    synchronous loop: 0.5.23's overlap loop applies penalties one token late
+    (`tests/e2e/conftest.py`, SYNC)."""
+    server = start([*TARGET, *SYNC], "matrix-plain")
     try:
         return {row.name: (answer(server, row), answer(server, row, row.without)) for row in ROWS}
     finally:
