@@ -19,11 +19,13 @@ CHAT = [{"role": "user", "content": "sing about rivers and mountains"}]
 HF_PROMPTS = [[5, 77, 300, 41, 9], [100, 200], [7] * 6, [300, 301, 300]]
 # Greedy /generate requests whose penalty changes the tiny target's answer to HF_PROMPTS[2]
 # (it repeats its top live token, which each penalty pushes under the zero-logit tokens;
-# min_new_tokens holds that token back as a stop id for 20 tokens)
+# min_new_tokens holds that token back as a stop id for 20 tokens). A repetition penalty
+# alone changes nothing here (the top token stays positive; the test bed's matrix has
+# one); combined with an additive one its order is process-dependent in 0.5.23's
+# synchronous plain server (docs/sampling.md).
 PENALISED = {
     "frequency_penalty": {"frequency_penalty": 0.4},
     "presence_penalty": {"presence_penalty": 1.0},
-    "repetition_penalty": {"repetition_penalty": 1.3, "frequency_penalty": 0.2},
     "min_new_tokens": {"min_new_tokens": 20, "stop_token_ids": [300]},
 }
 STREAM_PROMPTS = [PROMPTS[i % len(PROMPTS)] + " " * (i // len(PROMPTS)) for i in range(8)]

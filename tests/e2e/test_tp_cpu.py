@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from tests.e2e.client import HF_PROMPTS, MAX_TOKENS, check_streams_and_abort, generate_ids
+from tests.e2e.client import HF_PROMPTS, MAX_TOKENS, PENALISED, check_streams_and_abort, generate_ids, generate_penalised
 from tests.helpers.servers import BASE_ARGS, ServerConfig, alive
 
 pytestmark = pytest.mark.sglang_e2e
@@ -77,6 +77,13 @@ def test_tp2_speculative_output_equals_tp2_plain(tp2_spec, tp2_plain):
     # drafts were right often enough for multi-token commits on these prompts
     steps = sum(b["meta_info"]["spec_verify_ct"] for b in bodies)
     assert steps < len(IDS) * (MAX_TOKENS - 1)
+
+
+@pytest.mark.parametrize("name", list(PENALISED))
+def test_tp2_penalised_output_equals_plain_decoding(tp2_spec, expected, name):
+    """Penalties and min_new_tokens at TP 2: each rank penalises every row of the block with
+    the tokens before it, as the synchronous plain server does (TP 1; greedy TP 2 = TP 1)."""
+    assert generate_penalised(tp2_spec, PENALISED[name]) == expected["penalised"][name], (tp2_spec.config.name, name)
 
 
 @pytest.mark.parametrize("tp2_spec", ["domino"], indirect=True)
