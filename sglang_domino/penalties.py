@@ -47,6 +47,9 @@ class BlockPenalties:
     min_new: Optional[torch.Tensor] = None      # [bs] int64
     stop_ids: Optional[torch.Tensor] = None
     stop_valid: Optional[torch.Tensor] = None
+    # known on the host: True when every repetition factor is >= 1, False when every one
+    # is <= 1, None when mixed or unknown (only speed depends on it)
+    repetition_at_least_one: Optional[bool] = None
 
 
 def block_occurrences(candidates: torch.Tensor) -> torch.Tensor:
@@ -96,8 +99,20 @@ def apply_block_penalties(logits: torch.Tensor, candidates: torch.Tensor, pen: B
     if pen.repetition is not None:
         r = pen.repetition.to(torch.float32)
         before = logits.gather(2, idx)
-        dense = torch.where(seen, r[:, None], torch.ones_like(r)[:, None])[:, None, :].to(logits.dtype)
-        logits.copy_(torch.where(logits < 0, logits * dense, logits / dense))
+        dense = torch.where(seen, r[:, None], torch.ones_like(r)[:, None]).to(logits.dtype)
+        # row by row, each operand a contiguous [bs, V]; the same elementwise products and
+        # quotients as 0.5.23's scaling, one of the two kept. With every factor >= 1 the
+        # one kept is the smaller (x < 0: x * r <= x / r; x >= 0: x / r <= x * r), with
+        # every factor <= 1 the larger: `minimum` picks it where `where` is 15 x slower
+        # on CPU.
+        pick = {True: torch.minimum, False: torch.maximum}.get(pen.repetition_at_least_one)
+        for i in range(width):
+            row = logits[:, i]
+            scaled, divided = row * dense, row / dense
+            if pick is None:
+                row.copy_(torch.where(row < 0, scaled, divided))
+            else:
+                pick(scaled, divided, out=row)
         touched = torch.where((counts_at + k) > 0, r[:, None, None], torch.ones_like(r)[:, None, None])
         touched = touched.to(logits.dtype)
         logits.scatter_(2, idx, torch.where(before < 0, before * touched, before / touched))

@@ -165,7 +165,9 @@ class StepPenalties:
             repetition=pool.repetition.index_select(0, rows) if any_of(lambda p: p.repetition_penalty != 1) else None,
             min_new=pool.min_new.index_select(0, rows) if min_new else None,
             stop_ids=pool.stop_ids.index_select(0, rows) if min_new else None,
-            stop_valid=pool.stop_valid.index_select(0, rows) if min_new else None)
+            stop_valid=pool.stop_valid.index_select(0, rows) if min_new else None,
+            repetition_at_least_one=(True if all(p.repetition_penalty >= 1 for p in params)
+                                     else False if all(p.repetition_penalty <= 1 for p in params) else None))
 
     def apply(self, next_token_logits: torch.Tensor, candidates: torch.Tensor, sampling_info) -> None:
         """Plain decoding's adjustments of every row of the block, in its order:

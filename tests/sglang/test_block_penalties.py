@@ -8,7 +8,6 @@ CUDA without a host read."""
 from __future__ import annotations
 
 import random
-import weakref  # noqa: F401  (the orchestrator holds its batch by weak reference)
 from types import SimpleNamespace
 
 import pytest
@@ -110,6 +109,24 @@ def test_every_row_of_the_block_is_plain_decodings(seed):
             history = committed[b] + candidates[b, :i + 1].tolist()
             want = plain_row(logits[b, i], ROWS[b], history)
             torch.testing.assert_close(got[b, i], want, rtol=0, atol=1e-6, msg=f"row {b} position {i}")
+
+
+@pytest.mark.parametrize("factor, at_least_one", [(2.0, True), (0.5, False), (2.0, None)])
+def test_repetition_with_the_factor_side_known_is_the_same(factor, at_least_one):
+    """`minimum` / `maximum` (the factor's side known on the host) and `where` agree."""
+    torch.manual_seed(1)
+    rows = [{"repetition_penalty": factor, "frequency_penalty": 0.5}] * 3
+    committed = [[1, 2, 8], [8], []]
+    candidates = torch.tensor([[2, 8, 8, 5, 1, 9], [1, 1, 2, 8, 3, 9], [8, 9, 8, 9, 2, 2]])
+    logits = torch.randn(3, W, V) * 3
+    got = logits.clone()
+    pen = block_inputs(rows, committed)
+    pen.repetition_at_least_one = at_least_one
+    apply_block_penalties(got, candidates, pen)
+    for b in range(3):
+        for i in range(W):
+            want = plain_row(logits[b, i], rows[b], committed[b] + candidates[b, :i + 1].tolist())
+            torch.testing.assert_close(got[b, i], want, rtol=0, atol=1e-6)
 
 
 def test_min_new_tokens_counts_the_block():
