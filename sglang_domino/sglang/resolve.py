@@ -25,7 +25,11 @@ def resolve_speculative(server_args, previous):
     from sglang.srt.arg_groups.model_override_base import resolving_view
 
     cfg = resolving_view(server_args)
-    if plugin_disabled() or str(cfg.speculative_algorithm or "").upper() != "DFLASH":
+    if plugin_disabled():
+        return previous(server_args)
+    if not cfg.speculative_algorithm:
+        _refuse_speculative_flags_without_speculation(cfg)
+    if str(cfg.speculative_algorithm or "").upper() != "DFLASH":
         return previous(server_args)
 
     hf_window = env_flag(HF_WINDOW_ENV)
@@ -49,6 +53,32 @@ def resolve_speculative(server_args, previous):
 
 
 resolve_speculative._sglang_domino = True
+
+
+# Flags of a speculative server that 0.5.23 ignores, or crashes on, without one: the
+# resolved field, its command-line spelling and the value it has when not given.
+SPECULATIVE_ONLY = (
+    ("enable_linear_replayssm_spec", "--enable-linear-replayssm-spec", False),
+    ("speculative_adaptive", "--speculative-adaptive", False),
+    ("speculative_adaptive_config", "--speculative-adaptive-config", None),
+    ("speculative_use_rejection_sampling", "--speculative-use-rejection-sampling", False),
+    ("speculative_draft_model_path", "--speculative-draft-model-path", None),
+    ("speculative_dflash_block_size", "--speculative-dflash-block-size", None),
+    ("speculative_num_draft_tokens", "--speculative-num-draft-tokens", None),
+)
+
+
+def _refuse_speculative_flags_without_speculation(cfg) -> None:
+    """A server without `--speculative-algorithm` given a flag that only means something
+    with one: refused at start-up, naming the flag (0.5.23 ignores most of them, and dies
+    in its pool configurator on `--enable-linear-replayssm-spec`: `TypeError: unsupported
+    operand type(s) for //: 'NoneType' and 'int'`)."""
+    given = [flag for field, flag, unset in SPECULATIVE_ONLY if getattr(cfg, field, unset) not in (unset, None)]
+    if given:
+        raise ValueError(
+            f"{', '.join(given)} {'needs' if len(given) == 1 else 'need'} a speculative server: add "
+            "--speculative-algorithm DFLASH --speculative-draft-model-path <draft> (sglang-domino), or drop "
+            f"{'it' if len(given) == 1 else 'them'}")
 
 
 def _resolve_verify_window(server_args, cfg, hf_window: bool):

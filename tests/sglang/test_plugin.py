@@ -293,6 +293,25 @@ def test_sglang_serve_exits_with_the_draft_error_before_serving(sglang_tmp, mode
     assert "vocab_size: draft has 1024, expected the target's vocab_size 512" in str(refused.value)
 
 
+def test_speculative_flags_without_a_speculative_algorithm_are_refused(sglang_tmp, models):
+    """A plain server given a flag that means something only with speculation: refused at
+    start-up naming it (0.5.23 crashes on the first in its pool configurator, ignores the
+    others); the plain server itself resolves."""
+    plain = ["--model-path", models["target"], "--device", "cpu"]
+    cases = [[], ["--enable-linear-replayssm-spec"], ["--speculative-adaptive"],
+             ["--speculative-use-rejection-sampling"], ["--speculative-num-draft-tokens", "8"],
+             ["--speculative-draft-model-path", models["domino"], "--speculative-dflash-block-size", "16"]]
+    ok, *refused = run_probe("resolve", sglang_tmp, argv=("sglang", "serve", "--device", "cpu"),
+                             params={"cases": [[*plain, *extra] for extra in cases]})
+    assert ok["ok"], ok
+    for extra, r in zip(cases[1:], refused):
+        assert not r["ok"], extra
+        assert r["error"].startswith("ValueError"), r
+        for flag in (a for a in extra if a.startswith("--")):
+            assert flag in r["error"], (flag, r["error"])
+        assert "add --speculative-algorithm DFLASH --speculative-draft-model-path" in r["error"]
+
+
 def test_resolution_refuses_extra_buffer_on_cpu_and_names_what_serves(sglang_tmp, models):
     """The Qwen3.6-27B card's `--mamba-scheduler-strategy extra_buffer` cannot run on
     0.5.23's CPU platform; the refusal names the settings the hybrid CPU tests serve with."""
