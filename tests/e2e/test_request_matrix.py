@@ -8,11 +8,13 @@ every row as the plain server does."""
 from __future__ import annotations
 
 import os
+import re
+import urllib.request
 
 import pytest
 
 from tests.e2e.conftest import SYNC
-from tests.e2e.request_matrix import ROWS, TESTBED, answer
+from tests.e2e.request_matrix import ROWS, TESTBED, answer, heldout
 from tests.helpers.servers import BASE_ARGS
 
 pytestmark = pytest.mark.sglang_e2e
@@ -22,7 +24,7 @@ TARGET = ["--model-path", os.path.join(TESTBED, "target"), *BASE_ARGS]
 
 def _draft(name: str, *flags: str) -> list[str]:
     return [*TARGET, "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path",
-            os.path.join(TESTBED, name), *flags]
+            os.path.join(TESTBED, name), "--enable-metrics", *flags]
 
 
 SERVERS = {
@@ -63,3 +65,35 @@ def test_each_parameter_changes_the_plain_answer(plain, row):
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: r.name)
 def test_speculative_server_answers_as_the_plain_server(spec, plain, row):
     assert answer(spec, row) == plain[row.name][0], (spec.kind, row.name)
+
+
+def _counters(server) -> dict[str, float]:
+    """Prometheus counters of finished requests: generated tokens and verify steps."""
+    with urllib.request.urlopen(server.url + "/metrics", timeout=60) as r:
+        text = r.read().decode()
+    out = {}
+    for name in ("sglang:generation_tokens_total", "sglang:spec_verify_calls_total"):
+        out[name] = sum(float(v) for v in re.findall(rf"^{name}{{[^}}]*}} ([0-9.e+]+)$", text, re.M))
+    return out
+
+
+def test_metrics_and_loads_report_the_acceptance_a_benchmark_computes(spec):
+    """A scrape of `/metrics` around a small benchmark gives the accept length it computes
+    from the responses (tokens / verify steps, the first token included, as 0.5.23's
+    `spec_accept_length`); `/v1/loads` reports a speculative section once the scheduler
+    has logged a decode window (the matrix's rows ran hundreds of steps before this)."""
+    before = _counters(spec)
+    tokens = steps = 0
+    for i in range(20, 26):
+        status, body = spec.post("/generate", {"input_ids": heldout(i)["prompt_ids"],
+                                               "sampling_params": {"temperature": 0, "max_new_tokens": 64}})
+        assert status == 200, body
+        tokens += body["meta_info"]["completion_tokens"]
+        steps += body["meta_info"]["spec_verify_ct"]
+    after = _counters(spec)
+    gen = after["sglang:generation_tokens_total"] - before["sglang:generation_tokens_total"]
+    verify = after["sglang:spec_verify_calls_total"] - before["sglang:spec_verify_calls_total"]
+    assert (gen, verify) == (tokens, steps), spec.kind
+    assert steps < tokens   # drafts accepted: more than one token per verify step
+    loads = spec.get("/v1/loads")["loads"]
+    assert all(load["speculative"] is not None and load["speculative"]["accept_length"] > 1 for load in loads)
