@@ -530,6 +530,18 @@ DEPENDS: tuple[Dependency, ...] = (
                attributes=("scheduler", "spec_num_correct_drafts", "spec_num_forward_ct")),
     Dependency(f"{_S}.managers.scheduler.Scheduler", "the early prefix send on CPU runs with overlap off",
                attributes=("enable_overlap",)),
+    # -- per-position penalties (issue 43, `penalty_state`) ---------------------------------
+    Dependency(f"{_S}.sampling.sampling_batch_info.SamplingBatchInfo", "a step's penalties accumulated for the "
+               "forward (the O(1) test), its logit bias and custom processors, applied per position",
+               attributes=("acc_additive_penalties", "acc_scaling_penalties", "penalizer_orchestrator", "logit_bias",
+                           "has_custom_logit_processor")),
+    Dependency(f"{_S}.managers.schedule_batch.Req", "a request's pool row, id, parameters and stop tokens",
+               attributes=("kv", "rid", "sampling_params", "eos_token_ids", "tokenizer")),
+    Dependency(f"{_S}.layers.sampler.apply_custom_logit_processor", "a custom logit processor on every row of a "
+               "penalised block, after the penalties and the bias (plain decoding's order)",
+               params=("logits", "sampling_batch_info", "num_tokens_in_batch")),
+    Dependency(f"{_S}.sampling.penaltylib.orchestrator.BatchedPenalizerOrchestrator.accumulate_additive_penalties",
+               "the order the penalties compose in: additive, then scaling (held equal by the tests)"),
     # -- hybrid replay (issue 21) ---------------------------------------------------------
     Dependency(f"{_S}.mem_cache.kv_cache_configurator.KVCacheConfigurator",
                "the pool gate reads which linear-attention family the target is; the KDA one swapped for one call",
