@@ -29,6 +29,7 @@ def resolve_speculative(server_args, previous):
         return previous(server_args)
     if not cfg.speculative_algorithm:
         _refuse_speculative_flags_without_speculation(cfg)
+    _refuse_state_flags_for_an_attention_only_target(cfg)
     if str(cfg.speculative_algorithm or "").upper() != "DFLASH":
         return previous(server_args)
 
@@ -79,6 +80,30 @@ def _refuse_speculative_flags_without_speculation(cfg) -> None:
             f"{', '.join(given)} {'needs' if len(given) == 1 else 'need'} a speculative server: add "
             "--speculative-algorithm DFLASH --speculative-draft-model-path <draft> (sglang-domino), or drop "
             f"{'it' if len(given) == 1 else 'them'}")
+
+
+# Targets whose every layer is attention: no recurrent (mamba / linear-attention) state.
+ATTENTION_ONLY = frozenset({"Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM"})
+
+
+def _refuse_state_flags_for_an_attention_only_target(cfg) -> None:
+    """The recurrent-state flags on a target without recurrent state: refused, naming the
+    flag (0.5.23 ignores them). Only architectures known to be attention-only are checked."""
+    from .checks import read_target_config
+
+    strategy = str(getattr(cfg, "mamba_radix_cache_strategy", None) or "auto")
+    given = [f"--mamba-scheduler-strategy / --mamba-radix-cache-strategy {strategy}"] if strategy != "auto" else []
+    if getattr(cfg, "enable_linear_replayssm_spec", False):
+        given.append("--enable-linear-replayssm-spec")
+    if not given:
+        return
+    target = read_target_config(cfg.model_path, getattr(cfg, "revision", None)) or {}
+    architectures = set(target.get("architectures") or ())
+    if architectures and architectures <= ATTENTION_ONLY:
+        raise ValueError(
+            f"{' and '.join(given)}: {cfg.model_path} ({', '.join(sorted(architectures))}) has no recurrent "
+            "(mamba / linear-attention) layers, so there is no state to cache or roll back: drop "
+            f"{'it' if len(given) == 1 else 'them'} (they apply to hybrid targets such as Qwen3.5 / Qwen3.6)")
 
 
 def _resolve_verify_window(server_args, cfg, hf_window: bool):

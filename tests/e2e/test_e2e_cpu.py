@@ -46,6 +46,23 @@ def test_penalised_greedy_output_matches_plain_server(spec, expected, name):
     assert generate_penalised(spec, PENALISED[name]) == want, (spec.config.name, name)
 
 
+def test_sampled_min_new_tokens_holds_the_stop_token_back(spec):
+    """temperature 1 with min_new_tokens 12 and the target's top token as a stop id: no
+    answer stops before 12 tokens (the stop token has probability 0 at every verified
+    position before it, so the exact accept never commits it there), while without
+    min_new_tokens some answers do."""
+    stop = {"temperature": 1.0, "max_new_tokens": 24, "stop_token_ids": [300]}
+    rows = [HF_PROMPTS[2]] * 32
+
+    def lengths(params):
+        status, body = spec.post("/generate", {"input_ids": rows, "sampling_params": params})
+        assert status == 200, body
+        return [len(row["output_ids"]) for row in body]
+
+    assert min(lengths(stop)) < 12, "the stop token never came early: the test has no power"
+    assert min(lengths({**stop, "min_new_tokens": 12})) >= 12, spec.config.name
+
+
 def test_generate_reports_speculation(spec):
     config = spec.config
     body = generate_ids(spec, [5, 77, 300, 41, 9])

@@ -312,20 +312,42 @@ def test_speculative_flags_without_a_speculative_algorithm_are_refused(sglang_tm
         assert "add --speculative-algorithm DFLASH --speculative-draft-model-path" in r["error"]
 
 
-def test_resolution_refuses_extra_buffer_on_cpu_and_names_what_serves(sglang_tmp, models):
-    """The Qwen3.6-27B card's `--mamba-scheduler-strategy extra_buffer` cannot run on
-    0.5.23's CPU platform; the refusal names the settings the hybrid CPU tests serve with."""
-    extra, no_buffer, no_radix = resolve(sglang_tmp, models, [
-        (models["dflash"], ["--speculative-dflash-block-size", "16", "--mamba-scheduler-strategy", "extra_buffer"]),
-        (models["dflash"], ["--speculative-dflash-block-size", "16", "--mamba-scheduler-strategy", "no_buffer",
-                            "--disable-overlap-schedule"]),
-        (models["dflash"], ["--speculative-dflash-block-size", "16", "--mamba-scheduler-strategy", "extra_buffer",
-                            "--disable-radix-cache"]),
+def test_recurrent_state_flags_on_an_attention_only_target_are_refused(sglang_tmp, models):
+    """`--mamba-scheduler-strategy` (or `--mamba-radix-cache-strategy`) and
+    `--enable-linear-replayssm-spec` on a Qwen3 target, which has no recurrent state:
+    refused naming the flag; the same server without them resolves."""
+    spec = ["--speculative-dflash-block-size", "16"]
+    ok, strategy, renamed, replay = resolve(sglang_tmp, models, [
+        (models["dflash"], spec),
+        (models["dflash"], [*spec, "--mamba-scheduler-strategy", "no_buffer"]),
+        (models["dflash"], [*spec, "--mamba-radix-cache-strategy", "no_buffer"]),
+        (models["dflash"], [*spec, "--enable-linear-replayssm-spec"]),
     ])
+    assert ok["ok"], ok
+    for r, flag in ((strategy, "--mamba-radix-cache-strategy no_buffer"),
+                    (renamed, "--mamba-radix-cache-strategy no_buffer"), (replay, "--enable-linear-replayssm-spec")):
+        assert not r["ok"] and flag in r["error"], r
+        assert "has no recurrent (mamba / linear-attention) layers" in r["error"], r
+
+
+def test_resolution_refuses_extra_buffer_on_cpu_and_names_what_serves(sglang_tmp):
+    """The Qwen3.6-27B card's `--mamba-scheduler-strategy extra_buffer` cannot run on
+    0.5.23's CPU platform; the refusal names the settings the hybrid CPU tests serve with
+    (a tiny gated delta-net target, as those tests serve)."""
+    from tests.helpers import tiny
+
+    target = os.path.join(sglang_tmp, "plugin-hybrid-target")
+    if not os.path.exists(target):
+        tiny.build_hybrid_target(target)
+    base = ["--model-path", target, "--device", "cpu"]
+    extra, no_buffer, no_radix = run_probe("resolve", sglang_tmp, argv=("sglang", "serve", "--device", "cpu"), params={
+        "cases": [[*base, "--mamba-scheduler-strategy", "extra_buffer"],
+                  [*base, "--mamba-scheduler-strategy", "no_buffer", "--disable-overlap-schedule"],
+                  [*base, "--mamba-scheduler-strategy", "extra_buffer", "--disable-radix-cache"]]})
     assert not extra["ok"]
     assert "--mamba-scheduler-strategy extra_buffer is not available with --device cpu" in extra["error"]
     assert "--mamba-scheduler-strategy no_buffer --disable-overlap-schedule" in extra["error"]
-    assert no_buffer["ok"] and no_radix["ok"]
+    assert no_buffer["ok"] and no_radix["ok"], (no_buffer, no_radix)
 
 
 def test_resolution_of_a_cpu_decode_server_keeps_its_retraction_backup_in_host_memory(sglang_tmp, models):
