@@ -534,12 +534,13 @@ DEPENDS: tuple[Dependency, ...] = (
     Dependency(f"{_S}.sampling.sampling_batch_info.SamplingBatchInfo", "a step's penalties accumulated for the "
                "forward (the O(1) test), its logit bias and custom processors, applied per position",
                attributes=("acc_additive_penalties", "acc_scaling_penalties", "penalizer_orchestrator", "logit_bias",
-                           "has_custom_logit_processor")),
-    Dependency(f"{_S}.managers.schedule_batch.Req", "a request's pool row, id, parameters and stop tokens",
-               attributes=("kv", "rid", "sampling_params", "eos_token_ids", "tokenizer")),
-    Dependency(f"{_S}.layers.sampler.apply_custom_logit_processor", "a custom logit processor on every row of a "
-               "penalised block, after the penalties and the bias (plain decoding's order)",
-               params=("logits", "sampling_batch_info", "num_tokens_in_batch")),
+                           "has_custom_logit_processor", "custom_logit_processor", "custom_params")),
+    Dependency(f"{_S}.managers.schedule_batch.Req", "a request's pool row, id, parameters, stop tokens and output "
+               "(what a custom processor reads)", attributes=("kv", "rid", "sampling_params", "eos_token_ids",
+                                                               "tokenizer", "output_ids", "origin_input_ids")),
+    Dependency(f"{_S}.sampling.sampling_batch_info.ProcessorEntry", "a custom logit processor run on every row of "
+               "the block with the request as it is at that row, after the penalties and the bias (plain decoding's "
+               "order)", attributes=("processor", "rows", "indices")),
     Dependency(f"{_S}.sampling.penaltylib.orchestrator.BatchedPenalizerOrchestrator.accumulate_additive_penalties",
                "the order the penalties compose in: additive, then scaling (held equal by the tests)"),
     # -- hybrid replay (issue 21) ---------------------------------------------------------

@@ -18,15 +18,17 @@ counted by the next step, where it is the block's column 0, so nothing is read b
 the device: the counts are written after each verify from the accepted length on the
 device, and stream order keeps them ahead of the next step.
 
-Steps without a penalty (the usual case) cost one attribute read and run upstream's code.
-With one, the whole adjustment (penalties, then `logit_bias`, then a custom logit
-processor, plain decoding's order) runs in the worker's `_accept_block` and upstream's
+Steps without a penalty or a custom logit processor (the usual case) cost two attribute
+reads and run upstream's code. Otherwise the whole adjustment (penalties, then
+`logit_bias`, then custom logit processors, each row given the request as it is at that
+row: plain decoding's order) runs in the worker's `_accept_block` and upstream's
 block-wide adjustment is skipped for that step (`around_verify_logits_adjustments`); the
 grammar mask upstream applies in between is a minus-infinity mask, unchanged by them.
 """
 
 from __future__ import annotations
 
+import array
 import contextlib
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -99,18 +101,24 @@ class PenaltyPool:
                 self.owner.pop(int(req.kv.req_pool_idx), None)
 
     def step(self, batch) -> Optional["StepPenalties"]:
-        """The penalties of a decode step of `batch`, or None when no request has one."""
-        if not batch_penalised(batch.sampling_info):
+        """The adjustments of a decode step of `batch` this module makes per position, or
+        None when the step has no penalised request and no custom logit processor."""
+        sampling_info = batch.sampling_info
+        custom = bool(getattr(sampling_info, "has_custom_logit_processor", False))
+        rows = params = None
+        if batch_penalised(sampling_info):
+            reqs = list(batch.reqs)
+            params = [req.sampling_params for req in reqs]
+            if any(penalised(p) for p in params):
+                if self.counts is None:
+                    self._allocate()
+                self._admit(reqs)
+                rows = batch.req_pool_indices.to(device=self.device, dtype=torch.int64)
+            else:
+                params = None
+        if rows is None and not custom:
             return None
-        reqs = list(batch.reqs)
-        params = [req.sampling_params for req in reqs]
-        if not any(penalised(p) for p in params):
-            return None
-        if self.counts is None:
-            self._allocate()
-        self._admit(reqs)
-        rows = batch.req_pool_indices.to(device=self.device, dtype=torch.int64)
-        return StepPenalties(self, rows, params)
+        return StepPenalties(self, rows, params, custom=custom)
 
     def _admit(self, reqs) -> None:
         """Rows of requests this pool has not seen since their prefill start empty, with
@@ -148,11 +156,13 @@ def _tensor(values, dtype, device) -> torch.Tensor:
 
 @dataclass
 class StepPenalties:
-    """One decode step's penalties: `apply` before the accept, `commit` after it."""
+    """One decode step's per-position adjustments: `apply` before the accept, `commit`
+    after it. `rows` is None when no request has a penalty (only custom processors)."""
 
     pool: PenaltyPool
-    rows: torch.Tensor     # [bs] request-pool rows, on the device
-    params: list           # the requests' sampling parameters (host)
+    rows: Optional[torch.Tensor]     # [bs] request-pool rows, on the device
+    params: Optional[list]           # the requests' sampling parameters (host)
+    custom: bool = False             # a request has a custom logit processor
 
     def inputs(self) -> BlockPenalties:
         pool, rows, params = self.pool, self.rows, self.params
@@ -175,19 +185,61 @@ class StepPenalties:
         processor."""
         bs, width = candidates.shape
         logits = next_token_logits.view(bs, width, -1)
-        vocab = self.pool.vocab
-        apply_block_penalties(logits[..., :vocab] if logits.shape[-1] != vocab else logits, candidates,
-                              self.inputs())
+        if self.rows is not None:
+            vocab = self.pool.vocab
+            apply_block_penalties(logits[..., :vocab] if logits.shape[-1] != vocab else logits, candidates,
+                                  self.inputs())
         bias = getattr(sampling_info, "logit_bias", None)
         if bias is not None:
             logits.add_(bias.to(device=logits.device, dtype=logits.dtype)[:, None, :])
-        if getattr(sampling_info, "has_custom_logit_processor", False):
-            from sglang.srt.layers.sampler import apply_custom_logit_processor
-
-            apply_custom_logit_processor(next_token_logits, sampling_info, num_tokens_in_batch=int(width))
+        if self.custom:
+            apply_custom_processors_per_position(next_token_logits, candidates, sampling_info)
 
     def commit(self, candidates: torch.Tensor, accept_len: torch.Tensor) -> None:
-        commit_counts(self.pool.counts, self.pool.generated, self.rows, candidates, accept_len)
+        if self.rows is not None:
+            commit_counts(self.pool.counts, self.pool.generated, self.rows, candidates, accept_len)
+
+
+class _RequestAt:
+    """A request as a custom logit processor sees it at one row of a verified block: its
+    output followed by the block's drafts before that row; every other attribute the
+    request's own."""
+
+    def __init__(self, req, drafts: list[int]):
+        out = req.output_ids
+        if isinstance(out, array.array):   # 0.5.23 keeps token ids in arrays
+            out = array.array(out.typecode, out)
+            out.extend(drafts)
+        else:
+            out = [*out, *drafts]
+        self._req, self.output_ids = req, out
+
+    def __getattr__(self, name):
+        return getattr(self._req, name)
+
+
+def apply_custom_processors_per_position(next_token_logits: torch.Tensor, candidates: torch.Tensor,
+                                         sampling_info) -> None:
+    """0.5.23's custom logit processors on every row of the block, row i given the request
+    with the block's first i drafts appended to its output (`__req__`), as plain decoding
+    calls them token by token. The synchronous loop (DFLASH on CPU) has processed the
+    previous step when this runs, so `req.output_ids` ends with the block's column 0; the
+    overlap loop has not, and a processor there sees the request as the host knows it,
+    as a plain overlap server's does. Reads the candidates on the host: these processors
+    are host Python."""
+    bs, width = candidates.shape
+    drafts = candidates[:, 1:].tolist()
+    offsets = torch.arange(width, device=next_token_logits.device)
+    for entry in sampling_info.custom_logit_processor.values():
+        indices = (entry.indices.to(next_token_logits.device)[:, None] * width + offsets).flatten()
+        params = []
+        for row in entry.rows:
+            base = sampling_info.custom_params[row]
+            req = base.get("__req__") if isinstance(base, dict) else None
+            for i in range(width):
+                params.append(base if req is None else {**base, "__req__": _RequestAt(req, drafts[row][:i])})
+        result = entry.processor(next_token_logits.index_select(0, indices), params)
+        next_token_logits.index_copy_(0, indices, result.to(next_token_logits.dtype))
 
 
 @contextlib.contextmanager
@@ -210,5 +262,5 @@ def around_verify_logits_adjustments(original, *args, **kwargs):
     return original(*args, **kwargs)
 
 
-__all__ = ["PenaltyPool", "StepPenalties", "active", "around_verify_logits_adjustments", "batch_penalised",
-           "penalised", "stop_tokens"]
+__all__ = ["PenaltyPool", "StepPenalties", "active", "apply_custom_processors_per_position",
+           "around_verify_logits_adjustments", "batch_penalised", "penalised", "stop_tokens"]

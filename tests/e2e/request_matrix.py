@@ -56,6 +56,10 @@ class Row:
         body = json.loads(json.dumps(self.body))
         if self.path == "/generate":
             body.update(json.loads(json.dumps(self.extra)))
+            if body.get("custom_logit_processor") == "deepseek_ocr_no_repeat_ngram":
+                from sglang.srt.sampling.custom_logit_processor import DeepseekOCRNoRepeatNGramLogitProcessor
+
+                body["custom_logit_processor"] = DeepseekOCRNoRepeatNGramLogitProcessor.to_str()
             for key in drop:
                 body["sampling_params"].pop(key, None)
                 body.pop(key, None)
@@ -151,6 +155,11 @@ ROWS = [
     Row("prompt and output logprobs", "/generate", generate(0, max_new_tokens=32),
         extra={"return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 2},
         without=("return_logprob", "logprob_start_len", "top_logprobs_num")),
+    # a custom logit processor that reads the request's output (servers started with
+    # --enable-custom-logit-processor): every row of a block sees the drafts before it
+    Row("custom logit processor (n-gram blocker)", "/generate",
+        generate(0, max_new_tokens=64, custom_params={"ngram_size": 3, "window_size": 64}),
+        extra={"custom_logit_processor": "deepseek_ocr_no_repeat_ngram"}, without=("custom_logit_processor",)),
     # grammars: every position of the chain constrained
     Row("json_schema", "/v1/chat/completions",
         chat(5, max_tokens=64, response_format={"type": "json_schema",

@@ -19,7 +19,7 @@ from tests.helpers.servers import BASE_ARGS
 
 pytestmark = pytest.mark.sglang_e2e
 
-TARGET = ["--model-path", os.path.join(TESTBED, "target"), *BASE_ARGS]
+TARGET = ["--model-path", os.path.join(TESTBED, "target"), *BASE_ARGS, "--enable-custom-logit-processor"]
 
 
 def _draft(name: str, *flags: str) -> list[str]:

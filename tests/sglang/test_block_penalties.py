@@ -7,6 +7,7 @@ CUDA without a host read."""
 
 from __future__ import annotations
 
+import array
 import random
 from types import SimpleNamespace
 
@@ -164,3 +165,33 @@ def test_block_penalties_read_nothing_back_on_fake_cuda():
         pool, gen = torch.zeros(8, V, device="cuda"), torch.zeros(8, dtype=torch.int64, device="cuda")
         commit_counts(pool, gen, torch.tensor([0, 5, 2], device="cuda"), candidates,
                       torch.zeros(bs, dtype=torch.int32, device="cuda"))
+
+
+def test_custom_processors_see_the_request_as_it_is_at_each_row():
+    """0.5.23's n-gram blocker (a processor that reads `__req__`'s output) run on every row
+    of the block as plain decoding runs it at that position: row i with the block's first
+    i drafts appended to the request's output."""
+    from sglang.srt.sampling.custom_logit_processor import DeepseekOCRNoRepeatNGramLogitProcessor
+    from sglang.srt.sampling.sampling_batch_info import ProcessorEntry
+
+    from sglang_domino.sglang.penalty_state import apply_custom_processors_per_position
+
+    proc = DeepseekOCRNoRepeatNGramLogitProcessor()
+    # 0.5.23 keeps a request's token ids in arrays (a list for the second, as other callers may)
+    reqs = [SimpleNamespace(origin_input_ids=array.array("l", [1, 2]), output_ids=array.array("l", [5, 6, 5])),
+            SimpleNamespace(origin_input_ids=[3], output_ids=[7])]
+    candidates = torch.tensor([[5, 6, 5, 6, 9, 9], [7, 7, 8, 7, 7, 8]])   # column 0: the last output token
+    params = [{"ngram_size": 2, "window_size": 32, "__req__": req} for req in reqs]
+    info = SimpleNamespace(custom_logit_processor={"k": ProcessorEntry(proc, rows=[0, 1], indices=torch.tensor([0, 1]))},
+                           custom_params=params)
+    logits = torch.zeros(2 * W, V)
+    apply_custom_processors_per_position(logits, candidates, info)
+    blocked = 0
+    for b, req in enumerate(reqs):
+        for i in range(W):
+            at = SimpleNamespace(origin_input_ids=list(req.origin_input_ids),
+                                 output_ids=list(req.output_ids) + candidates[b, 1:i + 1].tolist())
+            want = proc(torch.zeros(1, V), [{**params[b], "__req__": at}])[0]
+            torch.testing.assert_close(logits[b * W + i], want)
+            blocked += int(torch.isinf(want).sum())
+    assert blocked > 0   # the processor acted on some rows
