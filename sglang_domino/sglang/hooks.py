@@ -527,7 +527,8 @@ DEPENDS: tuple[Dependency, ...] = (
                params=("device", "gpu_id")),
     Dependency(f"{_S}.managers.scheduler_components.metrics_reporter.SchedulerMetricsReporter",
                "the accept-rate window: accepted proposals and requests' steps since the last log",
-               attributes=("scheduler", "spec_num_correct_drafts", "spec_num_forward_ct")),
+               attributes=("scheduler", "spec_num_correct_drafts", "spec_num_forward_ct", "enable_metrics",
+                           "metrics_collector")),
     Dependency(f"{_S}.managers.scheduler.Scheduler", "the early prefix send on CPU runs with overlap off",
                attributes=("enable_overlap",)),
     # -- per-position penalties (issue 43, `penalty_state`) ---------------------------------

@@ -1,4 +1,5 @@
-"""The accept rate in the scheduler's log and Prometheus under `--speculative-adaptive`.
+"""The accept rate in the scheduler's log and Prometheus under `--speculative-adaptive`, and
+the steps by verify width in Prometheus (`WIDTH_STEPS`, with `--enable-metrics`).
 
 0.5.23 reports the accept rate as accepted proposals / (requests' verify steps x
 (`speculative_num_draft_tokens` - 1)) (`SchedulerMetricsReporter.report_decode_stats`),
@@ -18,8 +19,38 @@ request's verify count alone and stays relative to the largest width (docs/adapt
 from __future__ import annotations
 
 
+# decode steps by verify width, exported beside 0.5.23's spec gauges with `--enable-metrics`
+WIDTH_STEPS = "sglang:spec_verify_width_steps_total"
+_width_counter = None
+
+
+def export_widths(reporter, worker) -> None:
+    """The adaptive policy's steps by width since the last export, added to the
+    `WIDTH_STEPS` counter (labels: 0.5.23's scheduler labels and `width`)."""
+    global _width_counter
+    if not getattr(reporter, "enable_metrics", False) or worker is None:
+        return
+    policy = getattr(worker, "width_policy", None)
+    histogram = getattr(policy, "histogram", None)
+    if not histogram:
+        return
+    labels = dict(reporter.metrics_collector.labels)
+    if _width_counter is None:
+        from prometheus_client import Counter
+
+        _width_counter = Counter(WIDTH_STEPS.removesuffix("_total"),   # prometheus_client adds _total
+                                 "Decode steps by verify width (sglang-domino --speculative-adaptive).",
+                                 labelnames=[*labels, "width"])
+    exported = worker.__dict__.setdefault("_widths_exported", {})
+    for width, steps in histogram.items():
+        if steps > exported.get(width, 0):
+            _width_counter.labels(**labels, width=str(width)).inc(steps - exported.get(width, 0))
+            exported[width] = steps
+
+
 def around_report_decode_stats(original, self, *args, **kwargs):
     worker = getattr(self.scheduler, "draft_worker", None)
+    export_widths(self, worker)
     proposed = getattr(worker, "drafts_proposed", 0)
     if not proposed or not self.spec_num_forward_ct:
         return original(self, *args, **kwargs)
@@ -38,4 +69,4 @@ def around_report_decode_stats(original, self, *args, **kwargs):
             self.spec_num_correct_drafts = accepted
 
 
-__all__ = ["around_report_decode_stats"]
+__all__ = ["WIDTH_STEPS", "around_report_decode_stats", "export_widths"]

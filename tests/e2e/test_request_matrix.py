@@ -97,3 +97,12 @@ def test_metrics_and_loads_report_the_acceptance_a_benchmark_computes(spec):
     assert steps < tokens   # drafts accepted: more than one token per verify step
     loads = spec.get("/v1/loads")["loads"]
     assert all(load["speculative"] is not None and load["speculative"]["accept_length"] > 1 for load in loads)
+    # the adaptive server's decode steps by verify width
+    with urllib.request.urlopen(spec.url + "/metrics", timeout=60) as r:
+        widths = {int(w): float(n) for w, n in
+                  re.findall(r'^sglang:spec_verify_width_steps_total{[^}]*width="(\d+)"[^}]*} ([0-9.e+]+)$',
+                             r.read().decode(), re.M)}
+    if spec.kind == "domino_adaptive":
+        assert widths and set(widths) <= {16, 8, 4, 2, 1} and sum(widths.values()) > 0, widths
+    else:
+        assert not widths, widths
