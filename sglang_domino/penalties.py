@@ -35,9 +35,10 @@ class BlockPenalties:
     `counts` [bs, V] float32: each token's count in the request's committed output,
     excluding `candidates[:, 0]` (the last committed token, counted from the block).
     `generated` [bs] int64: how many output tokens `counts` holds.
-    `stop_ids` [bs, K] int64 and `stop_valid` [bs, K] bool: the request's stop tokens
-    (padded with a valid id of the same row, never with another token), or None when no
-    request asks for min new tokens. Unused penalties are None."""
+    `stop_ids` [bs, K] int64 and `stop_valid` [bs, K] bool: the request's stop tokens, or
+    None when no request asks for min new tokens. Entries naming the same token of a row
+    must agree in `stop_valid` (pad with a repeat of a real entry, or with entries all
+    invalid), since all of them write that logit. Unused penalties are None."""
 
     counts: torch.Tensor
     generated: torch.Tensor

@@ -128,14 +128,16 @@ class PenaltyPool:
             return
         stops = [stop_tokens(req) for req in fresh]
         width = max(1, max(len(s) for s in stops))
+        # A row's padding repeats its first stop id, marked as that id is (a stop token of
+        # the row, or not for a row without any): every write the block's scatter makes to
+        # one logit then agrees.
         if width > self.stop_ids.shape[1]:
             grow = width - self.stop_ids.shape[1]
             self.stop_ids = torch.cat([self.stop_ids, self.stop_ids[:, :1].expand(-1, grow)], dim=1)
-            self.stop_valid = torch.cat([self.stop_valid, self.stop_valid.new_zeros(self.rows, grow)], dim=1)
+            self.stop_valid = torch.cat([self.stop_valid, self.stop_valid[:, :1].expand(-1, grow)], dim=1)
         width = self.stop_ids.shape[1]
-        # a row's padding repeats one of its own stop ids, so the scatter writes agree
         padded = [(s + [s[0]] * (width - len(s))) if s else [0] * width for s in stops]
-        valid = [[True] * len(s) + [False] * (width - len(s)) for s in stops]
+        valid = [[bool(s)] * width for s in stops]
         idx = torch.tensor([int(req.kv.req_pool_idx) for req in fresh], dtype=torch.int64).to(self.device)
         sp = [req.sampling_params for req in fresh]
         self.counts.index_fill_(0, idx, 0.0)

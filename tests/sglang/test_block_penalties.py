@@ -195,3 +195,30 @@ def test_custom_processors_see_the_request_as_it_is_at_each_row():
             torch.testing.assert_close(logits[b * W + i], want)
             blocked += int(torch.isinf(want).sum())
     assert blocked > 0   # the processor acted on some rows
+
+
+def test_pool_rows_with_fewer_stop_tokens_than_the_widest_still_block_them():
+    """The pool pads each request's stop ids to the widest request's count; the padding
+    must not undo the block (every write to one logit agrees)."""
+    from sglang_domino.sglang.penalty_state import PenaltyPool
+
+    def req(rid, row, stops):
+        return SimpleNamespace(rid=rid, kv=SimpleNamespace(req_pool_idx=row), eos_token_ids=set(), tokenizer=None,
+                               sampling_params=SimpleNamespace(frequency_penalty=0.0, presence_penalty=0.0,
+                                                               repetition_penalty=1.0, min_new_tokens=50,
+                                                               stop_token_ids=set(stops)))
+
+    pool = PenaltyPool(rows=lambda: 8, vocab=V, device="cpu")
+    first = [req("a", 5, [11])]
+    pool.step(SimpleNamespace(reqs=first, req_pool_indices=torch.tensor([5]),
+                              sampling_info=SimpleNamespace(acc_additive_penalties=torch.zeros(1))))
+    reqs = [req("b", 2, [3, 4, 9]), *first]   # widens the pool's stop columns to 3
+    step = pool.step(SimpleNamespace(reqs=reqs, req_pool_indices=torch.tensor([2, 5]),
+                                     sampling_info=SimpleNamespace(acc_additive_penalties=torch.zeros(1),
+                                                                   logit_bias=None)))
+    logits = torch.zeros(2 * W, V)
+    step.apply(logits, torch.ones(2, W, dtype=torch.int64), step_info := SimpleNamespace(logit_bias=None))
+    rows = logits.view(2, W, V)
+    assert torch.isinf(rows[0][:, [3, 4, 9]]).all() and not torch.isinf(rows[0][:, 11]).any()
+    assert torch.isinf(rows[1][:, 11]).all() and not torch.isinf(rows[1][:, [3, 4, 9]]).any()
+    assert step_info.logit_bias is None
