@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import pytest
 import torch
@@ -119,8 +120,14 @@ def _generate_all_at_once(server, prompts):
     return bodies
 
 
-def _used_tokens(server):
-    assert server.post("/flush_cache", {})[0] == 200
+def _used_tokens(server, timeout: float = 120):
+    """KV slots in use after a cache flush. The server refuses to flush while a request
+    still runs: an aborted one leaves the batch at the scheduler's next step, so the flush
+    is retried until then."""
+    deadline = time.time() + timeout
+    while server.post("/flush_cache", {})[0] != 200:
+        assert time.time() < deadline, "the server kept refusing to flush its cache: a request never left"
+        time.sleep(0.5)
     return server.get("/v1/loads")["loads"][0]["num_used_tokens"]
 
 
