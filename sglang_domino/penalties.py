@@ -69,7 +69,6 @@ def apply_block_penalties(logits: torch.Tensor, candidates: torch.Tensor, pen: B
     idx = cand[:, None, :].expand(bs, width, width)       # (b, i, j) -> token candidates[b, j]
     k = block_occurrences(cand)                           # its count in row i's block history
     counts_at = pen.counts.gather(1, cand)[:, None, :]    # its count before the block [b, 1, j]
-    seen = pen.counts > 0
 
     if pen.frequency is not None or pen.presence is not None:
         untouched = logits.gather(2, idx)
@@ -81,7 +80,7 @@ def apply_block_penalties(logits: torch.Tensor, candidates: torch.Tensor, pen: B
             at.sub_((counts_at + k) * f[:, :, None])
         if pen.presence is not None:
             p = pen.presence.to(torch.float32)[:, None]
-            base.sub_(seen * p)
+            base.sub_((pen.counts > 0) * p)
             at.sub_(((counts_at + k) > 0) * p[:, :, None])
         logits.add_(base[:, None, :].to(logits.dtype))
         # the block's tokens: their untouched logit plus the penalty of row i's history
@@ -100,7 +99,7 @@ def apply_block_penalties(logits: torch.Tensor, candidates: torch.Tensor, pen: B
     if pen.repetition is not None:
         r = pen.repetition.to(torch.float32)
         before = logits.gather(2, idx)
-        dense = torch.where(seen, r[:, None], torch.ones_like(r)[:, None]).to(logits.dtype)
+        dense = torch.where(pen.counts > 0, r[:, None], torch.ones_like(r)[:, None]).to(logits.dtype)
         # row by row, each operand a contiguous [bs, V]; the same elementwise products and
         # quotients as 0.5.23's scaling, one of the two kept. With every factor >= 1 the
         # one kept is the smaller (x < 0: x * r <= x / r; x >= 0: x / r <= x * r), with

@@ -3,8 +3,8 @@
 0.5.23's DFLASH step feeds its requests' outputs to no penalizer (its
 `DFlashDraftInputV2.prepare_for_decode` skips `cumulate_penalty_output_tokens`, which the
 plain decode step calls) and broadcasts one penalty over the block
-(`apply_dflash_verify_logits_adjustments`): `min_tokens` is ignored after the first token,
-frequency, presence and repetition penalties see only the prompt's first token. This
+(`apply_dflash_verify_logits_adjustments`): inside a block `min_tokens` is ignored after
+the first token and frequency, presence and repetition penalties see no output. This
 module keeps each request's committed output on the worker's device and penalises every
 row of the block with the history that precedes it (`sglang_domino.penalties`), as plain
 decoding does token by token.
@@ -256,9 +256,9 @@ def active(step: Optional[StepPenalties]):
 
 
 def around_verify_logits_adjustments(original, *args, **kwargs):
-    """0.5.23's block-wide adjustment, skipped in a penalised step of this plugin's worker
-    (which applies every adjustment per position in `_accept_block`); every other caller
-    (other algorithms, unpenalised steps) gets upstream's."""
+    """0.5.23's block-wide adjustment, skipped in a step of this plugin's worker with a
+    penalty or a custom logit processor (the worker applies every adjustment per position
+    in `_accept_block`); every other caller (other algorithms, other steps) gets upstream's."""
     if _active is not None:
         return None
     return original(*args, **kwargs)

@@ -194,18 +194,18 @@ class DominoDFlashWorker(DFlashWorkerV2):
         sampling penalty penalises each row of its block with the output before it
         (`penalty_state`)."""
         extend = batch.forward_mode.is_extend() or batch.is_extend_in_batch
+        decode = not (extend or batch.forward_mode.is_idle())
         if extend:
             self._penalties.forget(batch.reqs)
-        step = None if extend or batch.forward_mode.is_idle() else self._penalties.step(batch)
+        step = self._penalties.step(batch) if decode else None
         self._step_penalties = step
         try:
             with penalty_state.active(step):
-                return self._forward_step(batch, *args, **kwargs)
+                return self._forward_step(batch, decode, *args, **kwargs)
         finally:
             self._step_penalties = None
 
-    def _forward_step(self, batch, *args, **kwargs):
-        decode = not (batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle())
+    def _forward_step(self, batch, decode: bool, *args, **kwargs):
         if not decode:
             self._clock.break_chain()
             if self._context is not None:

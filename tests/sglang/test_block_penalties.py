@@ -217,8 +217,7 @@ def test_pool_rows_with_fewer_stop_tokens_than_the_widest_still_block_them():
                                      sampling_info=SimpleNamespace(acc_additive_penalties=torch.zeros(1),
                                                                    logit_bias=None)))
     logits = torch.zeros(2 * W, V)
-    step.apply(logits, torch.ones(2, W, dtype=torch.int64), step_info := SimpleNamespace(logit_bias=None))
+    step.apply(logits, torch.ones(2, W, dtype=torch.int64), SimpleNamespace(logit_bias=None))
     rows = logits.view(2, W, V)
     assert torch.isinf(rows[0][:, [3, 4, 9]]).all() and not torch.isinf(rows[0][:, 11]).any()
     assert torch.isinf(rows[1][:, 11]).all() and not torch.isinf(rows[1][:, [3, 4, 9]]).any()
-    assert step_info.logit_bias is None
