@@ -87,7 +87,7 @@ def main(argv=None) -> None:
                     help="plain, a test-bed draft (domino, dflash), or <draft>+q for the q rule")
     ap.add_argument("--baseline", metavar="REV", help="the plugin at this git revision against the working tree")
     ap.add_argument("--server-env", action="append", default=[], metavar="KEY=VALUE",
-                    help="add to both sides' servers' environment (e.g. SGLANG_DOMINO_CPU_FORWARD=compiled)")
+                    help="add to both sides' servers' environment (e.g. OMP_NUM_THREADS=1)")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "cpu-attention"))
     args = ap.parse_args(argv)
     extra_env = dict(item.split("=", 1) for item in args.server_env)

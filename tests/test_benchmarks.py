@@ -410,9 +410,11 @@ def test_interleaved_ab_one_thread_servers_differ_only_in_their_openmp_threads()
         assert server_env(name) is None   # the benchmark's own environment
 
 
-def test_interleaved_ab_compiled_rollout_servers_switch_it_on():
-    from benchmarks.interleaved_ab import SERVERS, server_env
+def test_interleaved_ab_compiled_servers_are_the_same_servers_on_sglangs_flag():
+    from benchmarks.interleaved_ab import SERVERS, server_env, server_flags
 
-    for name in ("width 16", "adaptive"):
-        assert SERVERS[name + ", compiled rollout"] == SERVERS[name]
-        assert server_env(name + ", compiled rollout")["SGLANG_DOMINO_CPU_ROLLOUT"] == "compiled"
+    for name in ("plain", "width 16", "adaptive"):
+        assert SERVERS[name + ", compiled"] == SERVERS[name]
+        assert server_env(name + ", compiled") is None   # the flag, not an environment switch
+        assert "--enable-torch-compile" in server_flags(name + ", compiled")
+        assert "--enable-torch-compile" not in server_flags(name)

@@ -88,7 +88,7 @@ ADAPTIVE_METRICS = Group("adaptive metrics", Moment.WORKER_INIT, "schedulers", "
 CPU_ATTENTION = Group("cpu attention", Moment.SCHEDULER_START, "model-running processes",
                       "`--device cpu`, unless SGLANG_DOMINO_CPU_ATTENTION=upstream")
 CPU_FORWARD = Group("cpu compiled forward", Moment.SCHEDULER_START, "model-running processes",
-                    "`--device cpu` with SGLANG_DOMINO_CPU_FORWARD=target or compiled")
+                    "`--device cpu` with `--enable-torch-compile`")
 
 # hybrid replay (issue 21): rows in the `hybrid replay` block of PATCHES
 HYBRID_REPLAY = Group("hybrid replay", Moment.SCHEDULER_START, "schedulers",
@@ -223,11 +223,17 @@ PATCHES: tuple[Patch, ...] = (
           "a verify or draft block of W rows per request: one call per layer over W query rows, not a loop "
           "over requests computing every prefix row and dropping it",
           params=(*_SDPA_PARAMS, "extend_prefix_lens", "extend_seq_lens")),
-    # -- model-running CPU processes, opt-in: the target's (and the draft's) layers compiled --
+    # -- model-running CPU processes, `--enable-torch-compile`: the target's and the draft's layers compiled --
     Patch("cpu_compiled_forward", f"{_S}.model_executor.model_runner.ModelRunner.load_model",
           "cpu.compiled_forward:after_load_model", Kind.AFTER, CPU_FORWARD,
           "a CPU model's layers run as one torch.compile graph (0.5.23's eager forward is mostly Python and "
           "dispatch at small sizes, and does not compile as it stands); compiled before the first request"),
+    Patch("cpu_no_upstream_graph_runner",
+          f"{_S}.model_executor.model_runner_components.cuda_graph_setup.capture_decode_graph",
+          "cpu.compiled_forward:around_capture_decode_graph", Kind.AROUND, CPU_FORWARD,
+          "the compiled layers serve every CPU step: 0.5.23's CPUGraphRunner, which the flag would build, needs "
+          "the intel_amx attention backend (AttributeError with torch_native) and refuses speculative servers",
+          params=("model_runner",)),
     # -- schedulers of a PD server, at scheduler start ------------------------------------
     Patch("pd_draft_check", f"{_S}.disaggregation.decode.DecodePreallocQueue._init_receiver",
           "disaggregation:around_init_receiver", Kind.AROUND, DISAGGREGATION,

@@ -7,6 +7,7 @@ publishes what the schedulers need as one `settings.SchedulerSettings`:
   * `--speculative-adaptive` (a verify width per decode step);
   * `--speculative-use-rejection-sampling` (the q rule, Domino drafts only);
   * the draft checked against the target;
+  * environment switches of earlier releases refused, the flag that replaced them named;
   * `--device cpu` (the CPU port lifts DFLASH's device gate for the step and runs the
     synchronous scheduler loop, as 0.5.23 does for its other speculative algorithms on CPU).
 """
@@ -27,6 +28,10 @@ def resolve_speculative(server_args, previous):
     cfg = resolving_view(server_args)
     if plugin_disabled():
         return previous(server_args)
+    from .cpu.switches import refuse_removed_switches
+
+    refuse_removed_switches()
+    _refuse_an_uncompiled_target(cfg)
     if not cfg.speculative_algorithm:
         _refuse_speculative_flags_without_speculation(cfg)
     _refuse_state_flags_for_an_attention_only_target(cfg)
@@ -104,6 +109,16 @@ def _refuse_state_flags_for_an_attention_only_target(cfg) -> None:
             f"{' and '.join(given)}: {cfg.model_path} ({', '.join(sorted(architectures))}) has no recurrent "
             "(mamba / linear-attention) layers, so there is no state to cache or roll back: drop "
             f"{'it' if len(given) == 1 else 'them'} (they apply to hybrid targets such as Qwen3.5 / Qwen3.6)")
+
+
+def _refuse_an_uncompiled_target(cfg) -> None:
+    from .checks import read_target_config
+    from .cpu.resolve import refuse_an_uncompiled_target
+    from .cpu.switches import compiled_step
+
+    if compiled_step(cfg):
+        target = read_target_config(cfg.model_path, getattr(cfg, "revision", None)) or {}
+        refuse_an_uncompiled_target(cfg, target.get("architectures") or ())
 
 
 def _resolve_verify_window(server_args, cfg, hf_window: bool):

@@ -253,11 +253,17 @@ def rollout_inputs(*, draft_hidden, vocab_size, candidate_pool_size, **base_args
     the candidate pool [bs, K] or None) from a block's draft hidden states, as upstream's
     rollout computes them."""
     z, base = base_logits(draft_hidden=draft_hidden, vocab_size=vocab_size, **base_args)
-    pool = candidate_pool(base, int(vocab_size), int(candidate_pool_size))
+    return (z, *split_base(base, int(vocab_size), int(candidate_pool_size)))
+
+
+def split_base(base: torch.Tensor, vocab: int, pool_size: int):
+    """Base logits [bs, n, V] as the rollout reads them: (the first proposal's [bs, V], the
+    later ones' [bs, n-1, K or V], the candidate pool [bs, K] or None)."""
+    pool = candidate_pool(base, vocab, pool_size)
     rest = base[:, 1:]
     if pool is not None:
         rest = rest.gather(2, pool[:, None, :].expand(-1, rest.shape[1], -1))
-    return z, base[:, 0], rest, pool
+    return base[:, 0], rest, pool
 
 
 def q_rollout(params: DraftParams, coins: torch.Tensor, *, draft_hidden, bonus_tokens, target_embedding,

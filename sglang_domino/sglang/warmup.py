@@ -94,16 +94,17 @@ def _warm_chain_accept(n: int, vocab: int, pool_size: int, device) -> None:
 
 
 def warm_cpu_rollout(worker, blocks: Sequence[int]) -> list[tuple[int, int]]:
-    """With the compiled CPU rollout switched on (`cpu.rollout`, `SGLANG_DOMINO_CPU_ROLLOUT=compiled`):
+    """In a server with the compiled CPU step (`cpu.rollout`, `--enable-torch-compile`):
     its graphs for every block length the draft proposes from (batch 1 and the dynamic
     batch), compiled before the first request. Compiled in the middle of serving instead,
     each costs seconds, and an adaptive server prices the width whose step paid them from
-    that step. Returns the (block, batch size) calls made; none when the rollout is not
-    compiled or the call would not be eligible."""
+    that step. Returns the (block, batch size) calls made; none when the step is not
+    compiled. A rollout the compiled step cannot run is refused here, at start-up."""
     from .cpu import rollout as cpu_rollout
+    from .cpu.switches import compiled_step_serving
 
     draft = worker.draft_model
-    if cpu_rollout.mode() != "compiled" or getattr(draft, "prefix_gru", None) is None:
+    if not compiled_step_serving() or getattr(draft, "prefix_gru", None) is None:
         return []
     from sglang.srt.distributed import get_parallel
     from sglang.srt.lora.layers import unwrap_lora_layer
@@ -112,14 +113,24 @@ def warm_cpu_rollout(worker, blocks: Sequence[int]) -> list[tuple[int, int]]:
     from .rollout_hook import embedding_weight
 
     target = worker.target_worker.model_runner.model
-    weight = embedding_weight(unwrap_lora_layer(_resolve_dflash_embedding_module(draft, target)))
+    module = unwrap_lora_layer(_resolve_dflash_embedding_module(draft, target))
+    weight = embedding_weight(module)
     lm_head = unwrap_lora_layer(getattr(target, "lm_head", None))
-    if weight is None or getattr(lm_head, "weight", None) is None:
-        return []
+    if getattr(lm_head, "weight", None) is None:
+        raise ValueError("--enable-torch-compile with --device cpu cannot compile this Domino rollout: the target's "
+                         f"lm_head ({type(lm_head).__name__}) has no dense weight; serve it without --enable-torch-compile")
     device, hidden_size = lm_head.weight.device, int(lm_head.weight.shape[1])
+    shard = getattr(lm_head, "shard_indices", None)
+    tp_group = get_parallel().tp_group
     args = dict(lm_head_weight=lm_head.weight, vocab_size=int(worker.model_runner.model_config.vocab_size),
                 shift_label=bool(draft.shift_label), candidate_pool_size=int(worker.domino_candidate_pool_size),
-                prefix_gru=draft.prefix_gru, embed_proj=draft.embed_proj, tp_group=get_parallel().tp_group)
+                prefix_gru=draft.prefix_gru, embed_proj=draft.embed_proj, tp_group=tp_group,
+                target_embedding=module)
+    if shard is not None and int(getattr(tp_group, "world_size", 1)) > 1:
+        # the step's vocabulary shard, as upstream's eager step passes it
+        args.update(lm_head_org_vocab_start=int(shard.org_vocab_start_index),
+                    lm_head_num_org=int(shard.num_org_elements),
+                    lm_head_num_org_padded=int(shard.num_org_elements_padded))
     calls: list[tuple[int, int]] = []
     tic = time.perf_counter()
     for block in sorted({int(b) for b in blocks if int(b) > 1}, reverse=True):
@@ -127,7 +138,9 @@ def warm_cpu_rollout(worker, blocks: Sequence[int]) -> list[tuple[int, int]]:
             hidden = torch.zeros((bs, block, hidden_size), dtype=draft.prefix_gru.weight_ih_l0.dtype, device=device)
             kwargs = dict(args, draft_hidden=hidden, bonus_tokens=torch.zeros(bs, dtype=torch.int64, device=device))
             if not cpu_rollout.eligible(kwargs, weight):
-                return calls
+                raise ValueError("--enable-torch-compile with --device cpu cannot compile this Domino rollout: its "
+                                 f"embedding ({type(module).__name__}) is neither a plain nor a vocabulary-parallel "
+                                 "one; serve it without --enable-torch-compile")
             cpu_rollout.greedy_rollout(weight, **kwargs)
             calls.append((block, bs))
     if calls:

@@ -188,3 +188,26 @@ def transformers_spec(models, kind, input_ids, width=16):
     out, stats = draft.spec_generate(torch.tensor([input_ids]), models["hf_target"], max_new_tokens=MAX_TOKENS,
                                      return_stats=True, num_verify_tokens=None if width == BLOCK + 1 else width)
     return out[0, len(input_ids):].tolist(), stats
+
+
+def check_compiled_before_serving(log: str, rollout_blocks: str = "16, 8, 4, 2") -> None:
+    """A `--enable-torch-compile` server's log: the target's, the draft's and the Domino
+    rollout's graphs (at `rollout_blocks`) compiled while it started, none while it served
+    (dynamo logs any recompile once the forwards are warm; the compiled forward logs a
+    graph compiled after its warm-up). With TP every rank logs its own."""
+    import re
+
+    from sglang_domino.sglang.cpu.compiled_forward import NEW_GRAPH
+
+    warm = []
+    for compiled in (r"the target's \d+ layers compiled in", r"the draft's \d+ layers compiled in",
+                     rf"the compiled Domino rollout at blocks \[{rollout_blocks}\]"):
+        found = list(re.finditer(compiled, log))
+        assert found, (compiled, log[-3000:])
+        warm.append(found[-1].end())
+    assert NEW_GRAPH not in log
+    served = log[max(warm):]   # the warm-ups compile on code dynamo has seen: "recompiling" there
+    # ours only: under TP upstream's vocabulary-parallel embedding compiles its own masking
+    # (`get_masked_input_and_mask`) per kind of call, eager servers alike
+    ours = [m for m in re.finditer(r"Recompiling function (\w+) in (\S+)", served) if "sglang_domino" in m.group(2)]
+    assert not ours, served[ours[0].start() - 200:][:3000] if ours else ""

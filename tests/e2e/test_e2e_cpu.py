@@ -9,8 +9,9 @@ import re
 import pytest
 import torch
 
-from tests.e2e.client import (CHAT, HF_PROMPTS, MAX_TOKENS, PENALISED, PROMPTS, check_streams_and_abort, chat,
-                              completion, generate_ids, generate_penalised, transformers_spec)
+from tests.e2e.client import (CHAT, HF_PROMPTS, MAX_TOKENS, PENALISED, PROMPTS, chat, check_compiled_before_serving,
+                              check_streams_and_abort, completion, generate_ids, generate_penalised,
+                              transformers_spec)
 from tests.helpers import tiny
 from tests.helpers.servers import ADAPTIVE_LOG_EVERY, BASE_ARGS, BLOCK, SPEC_CONFIGS, server_env
 
@@ -251,17 +252,6 @@ def test_compiled_forwards_and_rollout_compile_before_serving(spec):
     rollout's graphs are all compiled while the server starts: none is compiled while it
     serves (by now it has served one to eight streams at every adaptive width, prefills
     of several lengths; dynamo logs any recompile once the forwards are warm)."""
-    if spec.config.env.get("SGLANG_DOMINO_CPU_FORWARD") != "compiled":
+    if "--enable-torch-compile" not in spec.config.flags:
         pytest.skip("eager forwards")
-    from sglang_domino.sglang.cpu.compiled_forward import NEW_GRAPH
-
-    log = spec.log()
-    warm = []
-    for compiled in (r"the target's \d+ layers compiled in", r"the draft's \d+ layers compiled in",
-                     r"the compiled Domino rollout at blocks \[16, 8, 4, 2\]"):
-        found = re.search(compiled, log)
-        assert found, (compiled, log[-3000:])
-        warm.append(found.end())
-    assert NEW_GRAPH not in log
-    served = log[max(warm):]   # the warm-ups compile on code dynamo has seen: "recompiling" there
-    assert "Recompiling function" not in served, served[served.find("Recompiling function") - 200:][:3000]
+    check_compiled_before_serving(spec.log())

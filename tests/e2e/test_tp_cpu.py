@@ -13,19 +13,22 @@ import os
 
 import pytest
 
-from tests.e2e.client import HF_PROMPTS, MAX_TOKENS, PENALISED, check_streams_and_abort, generate_ids, generate_penalised
-from tests.helpers.servers import BASE_ARGS, ServerConfig, alive
+from tests.e2e.client import (HF_PROMPTS, MAX_TOKENS, PENALISED, check_compiled_before_serving, check_streams_and_abort,
+                              generate_ids, generate_penalised)
+from tests.helpers.servers import BASE_ARGS, COMPILED, ServerConfig, alive
 
 pytestmark = pytest.mark.sglang_e2e
 
 TP = ("--tp-size", "2")
 IDS = HF_PROMPTS
-# "domino_adaptive": every rank runs rank 0's width (chosen from rank-local step timings)
+# "domino_adaptive": every rank runs rank 0's width (chosen from rank-local step timings);
+# "_compiled": each rank's layers, context write and rollout compiled (`--enable-torch-compile`)
 CONFIGS = {config.name: config for config in [
     ServerConfig("dflash", "dflash", flags=TP),
     ServerConfig("domino", "domino", flags=TP),
     ServerConfig("domino_w8", "domino", 8, flags=TP),
     ServerConfig("domino_adaptive", "domino", "adaptive", flags=TP),
+    ServerConfig("domino_adaptive_compiled", "domino", "adaptive", flags=TP + COMPILED),
 ]}
 
 
@@ -77,6 +80,17 @@ def test_tp2_speculative_output_equals_tp2_plain(tp2_spec, tp2_plain):
     # drafts were right often enough for multi-token commits on these prompts
     steps = sum(b["meta_info"]["spec_verify_ct"] for b in bodies)
     assert steps < len(IDS) * (MAX_TOKENS - 1)
+
+
+def test_tp2_compiled_ranks_compile_before_serving(tp2_spec):
+    """Each rank compiles its shard's graphs and the vocabulary-parallel rollout's while the
+    server starts, none while it serves (run after the outputs above)."""
+    if "--enable-torch-compile" not in tp2_spec.config.flags:
+        pytest.skip("eager forwards")
+    log = tp2_spec.log()
+    for rank in (0, 1):
+        lines = [line for line in log.splitlines() if f" TP{rank}]" in line or line.startswith(f"[rank{rank}]")]
+        check_compiled_before_serving("\n".join(lines))
 
 
 @pytest.mark.parametrize("name", list(PENALISED))

@@ -240,6 +240,7 @@ class ServerConfig:
 
 
 Q_RULE = ("--speculative-use-rejection-sampling",)
+COMPILED = ("--enable-torch-compile",)
 # the q-rule servers check that every verified block is the sampled rollout's proposals
 Q_RULE_ENV = {"SGLANG_DOMINO_CHECK_Q_RULE_BLOCK": "1"}
 
@@ -258,8 +259,7 @@ SPEC_CONFIGS = {config.name: config for config in [
     ServerConfig("dflash_adaptive", "dflash", "adaptive"),
     ServerConfig("domino_adaptive", "domino", "adaptive"),
     ServerConfig("domino_q_adaptive", "domino", "adaptive", flags=Q_RULE, env=Q_RULE_ENV),
-    # the target's and the draft's layers and the Domino rollout compiled (`cpu/compiled_forward.py`,
-    # `cpu/rollout.py`, opt-in)
-    ServerConfig("domino_adaptive_compiled", "domino", "adaptive",
-                 env={"SGLANG_DOMINO_CPU_FORWARD": "compiled", "SGLANG_DOMINO_CPU_ROLLOUT": "compiled"}),
+    # the compiled CPU step: the target's and the draft's layers, the context write and the Domino
+    # rollout under torch.compile (`--enable-torch-compile`, `cpu/compiled_forward.py`, `cpu/rollout.py`)
+    ServerConfig("domino_adaptive_compiled", "domino", "adaptive", flags=COMPILED),
 ]}

@@ -67,13 +67,13 @@ def test_the_compiled_rollout_proposes_upstreams_chain_and_compiles_once_per_blo
 
 
 def test_the_rollout_hook_runs_eligible_cpu_calls_compiled(mods, monkeypatch):
-    """With SGLANG_DOMINO_CPU_ROLLOUT=compiled, a single-rank plain embedding on CPU: the
-    hook answers with the compiled rollout (upstream is not called) and upstream's tokens;
-    by default (eager), or over a tensor-parallel group, upstream runs; another value is
-    refused."""
+    """In a process serving the compiled CPU step (`--enable-torch-compile`), a plain
+    embedding on CPU: the hook answers with the compiled rollout (upstream is not called)
+    and upstream's tokens; without the compiled step upstream runs."""
     from sglang.srt.layers.quantization.unquant import UnquantizedEmbeddingMethod
 
     from sglang_domino.sglang.cpu import rollout as cpu_rollout
+    from sglang_domino.sglang.cpu import switches
     from sglang_domino.sglang.rollout_hook import around_domino_rollout
 
     layer = SimpleNamespace(tp_size=1, output_dtype=None, quant_method=UnquantizedEmbeddingMethod(),
@@ -87,13 +87,84 @@ def test_the_rollout_hook_runs_eligible_cpu_calls_compiled(mods, monkeypatch):
         return du.domino_greedy_rollout(**kw)
 
     kwargs = {**_kwargs(mods, hidden, bonus, 0), "target_embedding": layer}
-    monkeypatch.delenv(cpu_rollout.MODE_ENV, raising=False)
-    assert cpu_rollout.mode() == "eager" and not cpu_rollout.eligible(kwargs, layer.weight)
-    monkeypatch.setenv(cpu_rollout.MODE_ENV, "compiled")
-    assert torch.equal(around_domino_rollout(upstream, **kwargs), want) and not calls
-    assert not cpu_rollout.eligible({**kwargs, "tp_group": SimpleNamespace(world_size=2)}, layer.weight)
-    monkeypatch.setenv(cpu_rollout.MODE_ENV, "eager")
+    monkeypatch.setattr(switches._Process, "compiled", False)
+    assert not cpu_rollout.eligible(kwargs, layer.weight)
     assert torch.equal(around_domino_rollout(upstream, **kwargs), want) and len(calls) == 1
-    monkeypatch.setenv(cpu_rollout.MODE_ENV, "graph")
-    with pytest.raises(ValueError, match="SGLANG_DOMINO_CPU_ROLLOUT='graph': expected one of eager, compiled"):
-        cpu_rollout.mode()
+    monkeypatch.setattr(switches._Process, "compiled", True)
+    assert torch.equal(around_domino_rollout(upstream, **kwargs), want) and len(calls) == 1
+
+
+class _ParallelEmbedding:
+    """A vocabulary-parallel embedding as upstream's `VocabParallelEmbedding` computes it:
+    this rank's rows (zeros outside its shard), summed over the ranks."""
+
+    def __init__(self, full, rank, padded, group):
+        self.tp_size, self.group = 2, group
+        self.start, self.weight = rank * padded, torch.zeros(padded, full.shape[1], dtype=full.dtype)
+        rows = full[self.start:self.start + padded]
+        self.weight[:rows.shape[0]] = rows
+
+    def __call__(self, ids):
+        local = ids - self.start
+        inside = (local >= 0) & (local < self.weight.shape[0])
+        out = self.weight[local.clamp(0, self.weight.shape[0] - 1)] * inside[..., None].to(self.weight.dtype)
+        return self.group.all_reduce(out)
+
+
+def test_tensor_parallel_ranks_run_the_rollout_compiled_with_the_single_ranks_proposals():
+    """`--tp-size 2`: each rank's compiled rollout (its lm_head and embedding shards, the base
+    logits all-gathered, the feedback embedding one opaque op over the parallel embedding)
+    proposes the single-rank rollout's tokens, with and without the candidate pool. Ranks
+    are threads of a fresh interpreter (see tests/sglang/cpu/test_compiled_forward.py)."""
+    import subprocess
+    import sys
+
+    root = __file__[:__file__.rindex("/tests/")]
+    code = "from tests.sglang.test_cpu_rollout import tensor_parallel_rollout; tensor_parallel_rollout()"
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().endswith("ranks propose the single rank's tokens"), done.stdout[-2000:]
+
+
+def tensor_parallel_rollout():
+    import threading
+
+    from sglang_domino.sglang.cpu import rollout as cpu_rollout
+    from sglang_domino.sglang.cpu import switches
+    from tests.sglang.tp_fakes import H, Exchange, FakeGroup
+
+    switches.set_compiled_step()   # as a server's first compiled model sets it
+    mods = rollout_modules(seed=5)
+    lm_head, embed, gru, proj = mods
+    world, padded = 2, -(-V // 2)
+    for pool in (0, 24):
+        for bs in (1, 3):
+            hidden, bonus = _block(mods, bs, 8, seed=30 + bs)
+            want = du.domino_greedy_rollout(**_kwargs(mods, hidden, bonus, pool))
+            exchange = Exchange(world)
+            outs, errors = [None] * world, []
+
+            def rank(r):
+                try:
+                    group = FakeGroup(exchange, r)
+                    shard = torch.zeros(padded, H, dtype=lm_head.dtype)
+                    num = min(padded, V - r * padded)
+                    shard[:num] = lm_head[r * padded:r * padded + num]
+                    kw = {**_kwargs(mods, hidden, bonus, pool), "lm_head_weight": shard, "tp_group": group,
+                          "target_embedding": _ParallelEmbedding(embed.weight.detach(), r, padded, group),
+                          "lm_head_org_vocab_start": r * padded, "lm_head_num_org": num,
+                          "lm_head_num_org_padded": padded}
+                    assert cpu_rollout.eligible(kw, None)
+                    outs[r] = cpu_rollout.greedy_rollout(None, **kw)
+                    assert "all_gather" in group.calls and "all_reduce" in group.calls
+                except BaseException as err:   # surfaced below
+                    errors.append(err)
+                    exchange.barrier.abort()
+
+            threads = [threading.Thread(target=rank, args=(r,)) for r in range(world)]
+            [t.start() for t in threads]
+            [t.join(120) for t in threads]
+            assert not errors, errors
+            for out in outs:
+                assert torch.equal(out, want), (pool, bs, out, want)
+    print("ranks propose the single rank's tokens")

@@ -350,6 +350,34 @@ def test_resolution_refuses_extra_buffer_on_cpu_and_names_what_serves(sglang_tmp
     assert no_buffer["ok"] and no_radix["ok"], (no_buffer, no_radix)
 
 
+def test_enable_torch_compile_on_cpu_refuses_what_it_cannot_compile_and_the_removed_switches(sglang_tmp, models):
+    """`--enable-torch-compile --device cpu` resolves for a Qwen3 target, plain or with a
+    Domino draft; a gated delta-net target is refused naming why and what serves; the
+    environment switches it replaced are refused naming it."""
+    from tests.helpers import tiny
+
+    target = os.path.join(sglang_tmp, "plugin-hybrid-target")
+    if not os.path.exists(target):
+        tiny.build_hybrid_target(target)
+    flag = ["--device", "cpu", "--enable-torch-compile"]
+    spec = ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", models["domino"],
+            "--speculative-dflash-block-size", "16"]
+    plain, domino, hybrid = run_probe("resolve", sglang_tmp, argv=("sglang", "serve", "--device", "cpu"), params={
+        "cases": [["--model-path", models["target"], *flag], ["--model-path", models["target"], *flag, *spec],
+                  ["--model-path", target, *flag, "--mamba-scheduler-strategy", "no_buffer",
+                   "--disable-overlap-schedule"]]})
+    assert plain["ok"] and domino["ok"], (plain, domino)
+    assert not hybrid["ok"]
+    assert "--enable-torch-compile with --device cpu compiles Qwen3ForCausalLM targets" in hybrid["error"]
+    assert "Qwen3_5ForCausalLM" in hybrid["error"] and "serve it without --enable-torch-compile" in hybrid["error"]
+    removed, = run_probe("resolve", sglang_tmp, argv=("sglang", "serve", "--device", "cpu"),
+                         params={"cases": [["--model-path", models["target"], *flag]]},
+                         SGLANG_DOMINO_CPU_FORWARD="compiled")
+    assert not removed["ok"]
+    assert "SGLANG_DOMINO_CPU_FORWARD was removed: the compiled CPU step is switched on by SGLang's own " \
+           "--enable-torch-compile" in removed["error"]
+
+
 def test_resolution_of_a_cpu_decode_server_keeps_its_retraction_backup_in_host_memory(sglang_tmp, models):
     """0.5.23 picks the `host_pool` retraction backup for a decode server, pinned with
     cudaHostRegister: on CPU `cpu_tensor` is declared and an explicit `host_pool` refused."""

@@ -9,8 +9,9 @@ CPU build of `sgl_kernel`, supplied without a fork. Nothing here knows Domino bu
   * `hybrid`: gated delta-net targets (gated norms, the state commit after a verify).
   * `dflash`: the DFLASH path of stock 0.5.23 on CPU (device gates, torch_native verify).
   * `attention`: the torch_native attention loops batched.
-  * `compiled_forward`, `rollout`: opt-in, the layers and the Domino rollout under torch.compile.
-  * `switches`: their environment switches.
+  * `compiled_forward`, `compiled_context`, `rollout`: `--enable-torch-compile`, the layers, the
+    draft's context write and the Domino rollout under torch.compile.
+  * `switches`: the flag read, the removed environment switches refused, the compile cache.
   * `resolve`: CPU-only argument rules.
 
 Importing this package imports nothing from SGLang (the platform entry point runs while

@@ -9,8 +9,8 @@ about 2.8 ms a call on the CPU test bed (2-core Intel Xeon, 2 draft layers), alm
 it fixed cost: timed inside a width-1 server at concurrency 16, the projection alone took
 0.9 ms, each layer's K/V, norm, rotary and prefix-valid write 0.9 ms more.
 
-Here, where the draft's layers run compiled (`SGLANG_DOMINO_CPU_FORWARD=compiled`,
-`compiled_forward.py`), the projection and every layer's K and V are one `torch.compile`
+Here, where the draft's layers run compiled (`--enable-torch-compile`, `compiled_forward.py`),
+the projection and every layer's K and V are one `torch.compile`
 graph over upstream's own pieces of math (`RMSNorm.forward_native`,
 `RotaryEmbedding.forward_native`, the fused QKV weight's K/V rows, as upstream's
 `kv_proj_only`), and each layer's rows are written with the pool's `set_kv_buffer`, the

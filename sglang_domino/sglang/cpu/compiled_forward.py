@@ -22,11 +22,13 @@ the draft block); an empty batch runs upstream's. The target's auxiliary hidden 
 layer, as upstream's layer boundary captures them. Graphs for one row and for many are
 compiled when the model is loaded, before the first request.
 
-Switched by `SGLANG_DOMINO_CPU_FORWARD`: `eager` (the default, upstream's forwards),
-`target` (the target compiled), `compiled` (the target and the draft). Where a model
-cannot run compiled (another architecture, tensor or pipeline parallelism, quantized
-linears, a scaled rotary embedding, a draft with convolutions, value scales or
-attention sinks), the server refuses to start and says why.
+Switched on by SGLang's own `--enable-torch-compile` with `--device cpu` (`switches.py`),
+for the target and the draft alike. Under `--tp-size N` each rank compiles its shard: the
+row-parallel projections' all-reduce is one opaque op (`sglang_domino::cpu_all_reduce`,
+the linear layer's own group), where upstream's layer boundary reduces. Where a model
+cannot run compiled (another architecture, pipeline parallelism, quantized linears, a
+scaled rotary embedding, a draft with convolutions, value scales or attention sinks),
+the server refuses to start and says why.
 """
 
 from __future__ import annotations
@@ -39,33 +41,43 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from .switches import allow_graphs, choice, guarded_inputs
+from . import switches
+from .switches import FLAG, allow_graphs, guarded_inputs
 
 logger = logging.getLogger(__name__)
 
-MODE_ENV = "SGLANG_DOMINO_CPU_FORWARD"
-MODES = ("eager", "target", "compiled")   # the first is the default
 NEW_GRAPH = "a new graph"   # logged when a graph is compiled after the warm-up
 
 
-def mode() -> str:
-    return choice(MODE_ENV, MODES)
-
-
-def compiles(draft: bool) -> bool:
-    """Whether the target's (draft=False) or a draft's forward is compiled in this mode."""
-    return mode() == "compiled" or (mode() == "target" and not draft)
-
-
-def install() -> bool:
-    """Install the `cpu compiled forward` group of `hooks.py` (once per process) unless
-    the mode is `eager`; returns whether it is in place."""
-    if mode() == "eager":
+def install(server_args) -> bool:
+    """Install the `cpu compiled forward` group of `hooks.py` (once per process) where the
+    server asks for the compiled step; returns whether it is in place."""
+    if not switches.compiled_step(server_args):
         return False
     from .. import hooks
 
+    switches.persistent_cache()
     hooks.install(hooks.CPU_FORWARD)
     return True
+
+
+def around_capture_decode_graph(original, *args, model_runner=None, **kwargs):
+    """`--enable-torch-compile` on CPU makes 0.5.23 build its `CPUGraphRunner` for the decode
+    step, which needs the intel_amx attention backend (with the torch_native backend the
+    CPU port serves it fails: `'TorchNativeAttnBackend' object has no attribute
+    'init_cpu_graph_state'`) and refuses speculative servers. Here the compiled layers
+    serve every step instead, so upstream captures nothing: its rule for a CPU runner
+    without the flag (`capture_decode_graph` returns no capture) is what runs."""
+    from sglang.srt.runtime_context import get_flags
+
+    if getattr(model_runner, "device", None) != "cpu":
+        return original(*args, model_runner=model_runner, **kwargs)
+    flags = get_flags().capture
+    previous, flags.enable_torch_compile = flags.enable_torch_compile, False
+    try:
+        return original(*args, model_runner=model_runner, **kwargs)
+    finally:
+        flags.enable_torch_compile = previous
 
 
 # -- attention: one opaque op, the step's batch read from here --------------------------
@@ -101,6 +113,51 @@ def _(q, k, v, layer):
     return torch.empty_like(q)
 
 
+# -- tensor parallelism: the row-parallel projections' all-reduce, one opaque op ------------
+
+_groups: list = []   # the groups the compiled layers reduce over, by index
+
+
+def _group_index(group) -> int:
+    for i, known in enumerate(_groups):
+        if known is group:
+            return i
+    _groups.append(group)
+    return len(_groups) - 1
+
+
+@torch.library.custom_op("sglang_domino::cpu_all_reduce", mutates_args=())
+def cpu_all_reduce(x: torch.Tensor, group: int) -> torch.Tensor:
+    """The sum of `x` over the ranks of group `group` (its `all_reduce`, as upstream's
+    layer boundary reduces a row-parallel projection); a fresh tensor. Outside a step
+    (compiling at load time, each rank on its own) it is `x`."""
+    if _Step.batch is None:
+        return x.clone()
+    return _groups[group].all_reduce(x.clone())
+
+
+@cpu_all_reduce.register_fake
+def _(x, group):
+    return torch.empty_like(x)
+
+
+def reduce_group(linear) -> int:
+    """The index of the group a row-parallel projection reduces over, -1 for none (one
+    rank). Taken when the layers are wrapped, outside the graph: dynamo would guard the
+    graph on the registry's contents otherwise."""
+    group = getattr(linear, "tp_group", None)
+    return _group_index(group) if group is not None and int(group.world_size) > 1 else -1
+
+
+def _row_parallel(linear, group: int, x: torch.Tensor) -> torch.Tensor:
+    """A row-parallel projection: this rank's product, summed over the ranks of `group`
+    (`reduce_group`), then the bias (once, as rank 0 alone adds it upstream)."""
+    out = F.linear(x, linear.weight)
+    if group >= 0:
+        out = torch.ops.sglang_domino.cpu_all_reduce(out, group)
+    return out if linear.bias is None else out + linear.bias
+
+
 # -- eligibility ---------------------------------------------------------------------------
 
 def _layer_refusal(layers) -> Optional[str]:
@@ -111,8 +168,6 @@ def _layer_refusal(layers) -> Optional[str]:
 
     for layer in layers:
         attn = layer.self_attn
-        if attn.num_heads != attn.total_num_heads:
-            return "tensor parallelism (--tp-size > 1)"
         linears = (attn.qkv_proj, attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
         if any(type(getattr(m, "quant_method", None)) is not UnquantizedLinearMethod for m in linears):
             return "quantized linear layers"
@@ -171,6 +226,9 @@ class CompiledLayers:
     def __init__(self, layers, final_norm):
         self.layers = list(layers)
         self.attention = [layer.self_attn.attn for layer in self.layers]
+        # (o_proj's, down_proj's) reduce group per layer (`reduce_group`)
+        self.reduce = [(reduce_group(layer.self_attn.o_proj), reduce_group(layer.mlp.down_proj))
+                       for layer in self.layers]
         self.final_norm = final_norm
         allow_graphs()   # four graphs per model, the target's and the draft's on the same code
         self._compiled = torch.compile(self._forward, dynamic=True)
@@ -193,10 +251,10 @@ class CompiledLayers:
             k = attn.k_norm.forward_native(k.reshape(-1, attn.head_dim)).view(k.shape)
             q, k = attn.rotary_emb.forward_native(positions, q, k)
             out = torch.ops.sglang_domino.cpu_attention(q, k, v.contiguous(), i)
-            hidden = F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
+            hidden = _row_parallel(attn.o_proj, self.reduce[i][0], out)
             hidden, residual = layer.post_attention_layernorm.forward_native(hidden, residual)
             gate_up = F.linear(hidden, mlp.gate_up_proj.weight, mlp.gate_up_proj.bias)
-            hidden = F.linear(mlp.act_fn.forward_native(gate_up), mlp.down_proj.weight, mlp.down_proj.bias)
+            hidden = _row_parallel(mlp.down_proj, self.reduce[i][1], mlp.act_fn.forward_native(gate_up))
         hidden, _ = self.final_norm.forward_native(hidden, residual)
         return hidden, streams
 
@@ -209,6 +267,7 @@ class CompiledLayers:
 
     def __call__(self, hidden, positions, forward_batch):
         graphs = self.graphs()
+        outer = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
         # dynamo's guards tell inference tensors from others, and the caller's mode is the
         # one the outputs must be usable in: inputs of the other kind are copied into this one
         hidden, positions = guarded_inputs((hidden, positions))
@@ -216,8 +275,8 @@ class CompiledLayers:
             out = self._compiled(hidden, positions)
         if self.warmed and self.graphs() != graphs:
             # the warm-up should have compiled every graph serving needs (tests/e2e read this line)
-            logger.warning("%s: %s compiled while serving (%d rows, %s)", MODE_ENV, NEW_GRAPH,
-                           int(hidden.shape[0]), hidden.dtype)
+            logger.warning("%s: %s compiled while serving (%d rows, %s, grad %s, inference %s)", FLAG, NEW_GRAPH,
+                           int(hidden.shape[0]), hidden.dtype, *outer)
         return out
 
     def warm(self, dtype: torch.dtype, hidden_size: int) -> float:
@@ -250,6 +309,21 @@ class _CompiledModel:
 
     def finish(self, input_ids, hidden, streams, forward_batch):
         raise NotImplementedError
+
+    def warm_embedding(self) -> None:
+        """The embedding at one row and at many, in each mode a step calls it in (grad
+        enabled, grad-free, inference), before the first request: under tensor
+        parallelism upstream's vocabulary-parallel embedding compiles its masking per such
+        kind of call (`get_masked_input_and_mask`); every rank makes the same calls (each
+        all-reduces)."""
+        if self.embed_tokens is None:
+            return
+        device = next(self.model.parameters()).device
+        modes = (torch.enable_grad, torch.no_grad, torch.inference_mode)
+        for mode in modes:
+            with mode():
+                for rows in (1, 2):
+                    self.embed_tokens(torch.zeros(rows, dtype=torch.int64, device=device))
 
     def __call__(self, input_ids, positions, forward_batch, input_embeds=None, get_embedding=False,
                  pp_proxy_tensors=None):
@@ -305,29 +379,32 @@ class CompiledDraft(_CompiledModel):
 
 
 def after_load_model(result, runner, *args, **kwargs):
-    """`ModelRunner.load_model`: on CPU, the model's forward becomes the compiled one
-    where the mode asks for it (compiled before serving); refused at start-up with the
+    """`ModelRunner.load_model`: on CPU with `--enable-torch-compile`, the model's forward
+    becomes the compiled one (compiled before serving); refused at start-up with the
     reason where it cannot run."""
     draft = bool(getattr(runner, "is_draft_worker", False))
-    if runner.device != "cpu" or not compiles(draft):
+    if runner.device != "cpu" or not switches.compiled_step(runner.server_args):
         return result
     model = runner.model
+    kind = "draft" if draft else "target"
     reason = refusal(model, draft)
     if reason is not None:
-        raise ValueError(f"{MODE_ENV}={mode()} cannot compile this {'draft' if draft else 'target'}: {reason}; "
-                         f"set {MODE_ENV}=" + ("target (the target alone)" if draft else "eager"))
+        raise ValueError(f"{FLAG} with --device cpu cannot compile this {kind}: {reason}; "
+                         f"serve it without {FLAG}")
+    switches.set_compiled_step()
     compiled = CompiledDraft(model) if draft else CompiledTarget(model)
     model.forward = compiled
     dtype = next(model.parameters()).dtype
     seconds = compiled.layers.warm(dtype, model.config.hidden_size)
+    compiled.warm_embedding()
     if draft:
         seconds += compiled.context.warm(dtype, int(model.fc.weight.shape[1]))
     # a graph compiled after this is a missed warm-up: the log says which guard failed
-    torch._logging.set_logs(recompiles=True)
-    logger.info("%s=%s: the %s's %d layers compiled in %.1f s", MODE_ENV, mode(), "draft" if draft else "target",
-                len(compiled.layers.layers), seconds)
+    torch._logging.set_logs(recompiles_verbose=True)
+    logger.info("%s: the %s's %d layers compiled in %.1f s (compile cache %s)", FLAG, kind,
+                len(compiled.layers.layers), seconds, switches.cache_dir())
     return result
 
 
-__all__ = ["CompiledDraft", "CompiledLayers", "CompiledTarget", "MODE_ENV", "after_load_model", "compiles",
-           "cpu_attention", "install", "mode", "refusal"]
+__all__ = ["CompiledDraft", "CompiledLayers", "CompiledTarget", "after_load_model", "around_capture_decode_graph",
+           "cpu_all_reduce", "cpu_attention", "install", "refusal"]

@@ -51,4 +51,4 @@ def before_init_parallel_runtime(*args, **kwargs):
     from . import attention, compiled_forward
 
     attention.install()
-    compiled_forward.install()
+    compiled_forward.install(kwargs.get("server_args"))

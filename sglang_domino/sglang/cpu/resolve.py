@@ -36,3 +36,23 @@ def overlap_off_for_dflash_on_cpu(server_args) -> None:
     from sglang.srt.arg_groups.speculative_hook import _disable_overlap_schedule_for_cpu
 
     _disable_overlap_schedule_for_cpu(server_args)
+
+
+# the target architectures the compiled CPU step compiles (`compiled_forward.refusal` checks
+# the loaded model again)
+COMPILED_TARGETS = frozenset({"Qwen3ForCausalLM"})
+
+
+def refuse_an_uncompiled_target(cfg, architectures) -> None:
+    """`--enable-torch-compile` with `--device cpu` for a target whose layers the compiled
+    CPU step does not compile (the gated delta-net targets among them): refused at
+    start-up with the reason, rather than served eagerly in silence or failing in a
+    scheduler after the weights load. Unknown architectures are left to the load-time check."""
+    from .switches import FLAG, compiled_step
+
+    if not compiled_step(cfg) or not architectures or set(architectures) <= COMPILED_TARGETS:
+        return
+    raise ValueError(
+        f"{FLAG} with --device cpu compiles {', '.join(sorted(COMPILED_TARGETS))} targets; {cfg.model_path} is "
+        f"{', '.join(sorted(architectures))}, whose layers (gated delta-net, gated attention) are not compiled on "
+        f"CPU yet: serve it without {FLAG}")

@@ -13,10 +13,10 @@ a different float rounding in the compiled code could cost acceptance, not exact
 
 Compiled per block length (the loop over proposals unrolls), shapes dynamic in the batch
 (one graph for batch 1, one for the rest): two graphs per verify width, compiled on first
-use (1-12 s each at the test bed's size on 2 cores). Single-rank drafts with a plain
-embedding only; anything else runs upstream's eager rollout.
+use (1-12 s each at the test bed's size on 2 cores; the worker's warm-up compiles them
+before the first request).
 
-Opt-in (`SGLANG_DOMINO_CPU_ROLLOUT=compiled`; the default is `eager`, upstream's). An
+Part of the compiled CPU step (`--enable-torch-compile` with `--device cpu`, `switches.py`). An
 adaptive server with it once lost up to 5-9 x in its first round: the step's inputs (the
 draft's inference tensors, a strided column of bonus tokens) failed the guards of the
 graphs the warm-up compiled, so every graph was compiled again while serving. It now runs
@@ -34,14 +34,7 @@ import torch.nn.functional as F
 
 from ...rollout import propose_domino
 from .. import sampled_rollout
-from .switches import allow_graphs, choice, guarded_inputs
-
-MODE_ENV = "SGLANG_DOMINO_CPU_ROLLOUT"
-MODES = ("eager", "compiled")   # the first is the default
-
-
-def mode() -> str:
-    return choice(MODE_ENV, MODES)
+from .switches import allow_graphs, compiled_step_serving, guarded_inputs
 
 
 class GreedyPick:
@@ -58,38 +51,74 @@ class GreedyPick:
         return index, None
 
 
+# -- tensor parallelism: the vocabulary-parallel embedding, one opaque op -------------------
+
+_embeddings: list = []   # the embedding modules the compiled rollouts look feedback tokens up in
+
+
+def _embedding_index(module) -> int:
+    for i, known in enumerate(_embeddings):
+        if known is module:
+            return i
+    _embeddings.append(module)
+    return len(_embeddings) - 1
+
+
+@torch.library.custom_op("sglang_domino::cpu_embedding", mutates_args=())
+def cpu_embedding(ids: torch.Tensor, weight: torch.Tensor, module: int) -> torch.Tensor:
+    """Embedding module `module`'s rows for `ids` (a vocabulary-parallel embedding: this
+    rank's rows, summed over the ranks), `weight` its local shard. Looked up as one row
+    of ids (the target's forward looks them up so), in inference mode as the rollout runs:
+    the calls upstream's compiled masking saw in the warm-up."""
+    return _embeddings[module](ids.reshape(-1)).view(*ids.shape, weight.shape[1])
+
+
+@cpu_embedding.register_fake
+def _(ids, weight, module):
+    return weight.new_empty((*ids.shape, weight.shape[1]))
+
+
 class CompiledRollout:
     """One Domino draft's greedy rollout under `torch.compile` (its modules held here, so
-    that the compiled function sees no `nn.GRU`)."""
+    that the compiled function sees no `nn.GRU`). The base logits (the lm_head over the
+    block, all-gathered over a vocabulary-parallel lm_head) come first, outside the graph;
+    the candidate pool and the chain are the graph."""
 
     def __init__(self, prefix_gru, embed_proj):
         self.head = sampled_rollout.UpstreamDominoHead(prefix_gru, embed_proj)
         allow_graphs()   # two graphs per block length
         self._compiled = torch.compile(self._rollout, dynamic=True)
 
-    def _rollout(self, draft_hidden, bonus_tokens, embed_weight, lm_head_weight, vocab_size: int,
-                 shift_label: bool, candidate_pool_size: int) -> torch.Tensor:
-        z, first, rest, pool = sampled_rollout.rollout_inputs(
-            draft_hidden=draft_hidden, lm_head_weight=lm_head_weight, vocab_size=vocab_size,
-            shift_label=shift_label, candidate_pool_size=candidate_pool_size)
-        return propose_domino(z, (first, rest), bonus_tokens, lambda ids: F.embedding(ids, embed_weight),
-                              self.head.pooled(pool), GreedyPick(pool)).tokens
+    def _rollout(self, z, base, bonus_tokens, embed_weight, vocab_size: int, candidate_pool_size: int,
+                 embedding: int) -> torch.Tensor:
+        first, rest, pool = sampled_rollout.split_base(base, vocab_size, candidate_pool_size)
+        if embedding < 0:
+            embed = lambda ids: F.embedding(ids, embed_weight)   # noqa: E731
+        else:
+            embed = lambda ids: torch.ops.sglang_domino.cpu_embedding(ids, embed_weight, embedding)  # noqa: E731
+        return propose_domino(z, (first, rest), bonus_tokens, embed, self.head.pooled(pool), GreedyPick(pool)).tokens
 
     def __call__(self, *, draft_hidden, bonus_tokens, embed_weight, lm_head_weight, vocab_size, shift_label,
-                 candidate_pool_size, **_) -> torch.Tensor:
+                 candidate_pool_size, embedding_module=None, **base_args) -> torch.Tensor:
         """Upstream's `domino_greedy_rollout` keywords (those it does not use ignored), with
-        the embedding as its weight; [bs, n] proposals.
+        the embedding as its weight (`embedding_module`: the module itself, for a
+        vocabulary-parallel embedding, `embed_weight` then its shard); [bs, n] proposals.
 
         Always run in inference mode on inference tensors: dynamo's guards tell inference
         tensors (the draft's hidden states, made in the draft's inference-mode forward)
         from others and the mode from grad-free mode, so a warm-up in another mode than
         the step's compiled every graph again in the middle of serving."""
+        base_args.pop("in_cuda_graph", None)
         with torch.inference_mode():
             # copied with fresh strides: the step's bonus tokens are a column of its [bs, block]
             # ids, and at batch 1 `contiguous()` keeps that stride, which the guards check too
             draft_hidden, bonus_tokens = guarded_inputs((draft_hidden, bonus_tokens), fresh_strides=True)
-            tokens = self._compiled(draft_hidden, bonus_tokens, embed_weight, lm_head_weight, int(vocab_size),
-                                    bool(shift_label), int(candidate_pool_size))
+            z, base = sampled_rollout.base_logits(draft_hidden=draft_hidden, lm_head_weight=lm_head_weight,
+                                                  vocab_size=vocab_size, shift_label=shift_label, **base_args)
+            z, = guarded_inputs((z,), fresh_strides=True)
+            embedding = -1 if embedding_module is None else _embedding_index(embedding_module)
+            tokens = self._compiled(z, base, bonus_tokens, embed_weight, int(vocab_size), int(candidate_pool_size),
+                                    embedding)
         return tokens.clone()   # an ordinary tensor again: the step writes into what it is given
 
 
@@ -104,19 +133,30 @@ def rollout_for(prefix_gru, embed_proj) -> CompiledRollout:
     return _rollouts[key]
 
 
+def _parallel_embedding(module) -> bool:
+    """A vocabulary-parallel embedding the compiled rollout calls as it is (one opaque op)."""
+    return (int(getattr(module, "tp_size", 1)) > 1 and isinstance(getattr(module, "weight", None), torch.Tensor)
+            and callable(module))
+
+
 def eligible(kwargs: dict, embed_weight: Optional[torch.Tensor]) -> bool:
-    """Whether this eager rollout call can run compiled: on CPU, one rank, a plain
-    embedding, and switched on."""
-    if mode() != "compiled":   # the default: decided first, every eager step asks
+    """Whether this eager rollout call can run compiled: on CPU, a plain embedding (its
+    weight given) or a vocabulary-parallel one, in a process serving the compiled step."""
+    if not compiled_step_serving():   # decided first, every eager step asks
         return False
-    hidden, tp = kwargs.get("draft_hidden"), kwargs.get("tp_group")
-    return (embed_weight is not None and hidden is not None and hidden.device.type == "cpu"
-            and (tp is None or int(getattr(tp, "world_size", 1)) == 1) and kwargs.get("prefix_gru") is not None)
+    hidden = kwargs.get("draft_hidden")
+    embedding = embed_weight is not None or _parallel_embedding(kwargs.get("target_embedding"))
+    return (embedding and hidden is not None and hidden.device.type == "cpu"
+            and kwargs.get("prefix_gru") is not None)
 
 
-def greedy_rollout(embed_weight: torch.Tensor, **kwargs) -> torch.Tensor:
+def greedy_rollout(embed_weight: Optional[torch.Tensor], **kwargs) -> torch.Tensor:
     """Upstream's `domino_greedy_rollout` arguments and result ([bs, n] proposals), compiled."""
-    return rollout_for(kwargs["prefix_gru"], kwargs["embed_proj"])(embed_weight=embed_weight, **kwargs)
+    module = kwargs.pop("target_embedding", None)
+    rollout = rollout_for(kwargs.pop("prefix_gru"), kwargs.pop("embed_proj"))
+    if embed_weight is None:
+        return rollout(embed_weight=module.weight, embedding_module=module, **kwargs)
+    return rollout(embed_weight=embed_weight, **kwargs)
 
 
-__all__ = ["CompiledRollout", "GreedyPick", "MODE_ENV", "eligible", "greedy_rollout", "mode", "rollout_for"]
+__all__ = ["CompiledRollout", "GreedyPick", "cpu_embedding", "eligible", "greedy_rollout", "rollout_for"]

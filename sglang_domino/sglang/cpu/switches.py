@@ -1,8 +1,14 @@
-"""The CPU port's environment switches and what its compiled pieces share.
+"""The CPU port's switches and what its compiled pieces share.
 
-Each switch is an environment variable with a fixed set of values, the first the default;
-any other value is refused, naming the expected ones (a typo must not quietly select the
-default)."""
+The compiled CPU step (the layers of the target and the draft, the draft's context write,
+the Domino rollout) is switched on by SGLang's own `--enable-torch-compile` with `--device
+cpu`; its graphs are cached across restarts where SGLang keeps its compile caches
+(`$SGLANG_CACHE_DIR/inductor`, `TORCHINDUCTOR_CACHE_DIR` overrides it). The two environment switches that once selected
+it are refused with a message naming the flag.
+
+A debug switch that stays an environment variable (`SGLANG_DOMINO_CPU_ATTENTION`) has a
+fixed set of values, the first the default; any other value is refused, naming the
+expected ones (a typo must not quietly select the default)."""
 
 from __future__ import annotations
 
@@ -13,6 +19,63 @@ import os
 # per model (the target's and the draft's on one code); past torch's default of 8, dynamo
 # would run a new shape eagerly without a word
 RECOMPILE_LIMIT = 16
+
+
+FLAG = "--enable-torch-compile"
+# environment switches of earlier releases, refused at start-up (`refuse_removed_switches`)
+REMOVED_ENV = ("SGLANG_DOMINO_CPU_FORWARD", "SGLANG_DOMINO_CPU_ROLLOUT")
+CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+
+
+def compiled_step(server_args) -> bool:
+    """Whether a server's arguments ask for the compiled CPU step: `--device cpu` with
+    `--enable-torch-compile`."""
+    return (str(getattr(server_args, "device", "") or "").startswith("cpu")
+            and bool(getattr(server_args, "enable_torch_compile", False)))
+
+
+class _Process:
+    compiled = False   # set when this process's first CPU model is compiled
+
+
+def set_compiled_step() -> None:
+    _Process.compiled = True
+
+
+def compiled_step_serving() -> bool:
+    """Whether this process serves the compiled CPU step (its models were compiled)."""
+    return _Process.compiled
+
+
+def refuse_removed_switches(environ=None) -> None:
+    """A server started with an environment switch of an earlier release is refused, the
+    flag named: the switch would otherwise do nothing, silently."""
+    environ = os.environ if environ is None else environ
+    for name in REMOVED_ENV:
+        if name in environ:
+            raise ValueError(f"{name} was removed: the compiled CPU step is switched on by SGLang's own {FLAG} "
+                             f"(with --device cpu); unset {name}")
+
+
+def cache_dir() -> str:
+    """Where the compiled graphs are cached: $TORCHINDUCTOR_CACHE_DIR, else SGLang's own
+    choice for it (`inductor` under $SGLANG_CACHE_DIR, ~/.cache/sglang by default), so that
+    a restart finds them (torch's own default is under /tmp)."""
+    explicit = os.environ.get(CACHE_ENV)
+    if explicit:
+        return os.path.abspath(explicit)
+    from sglang.srt.environ import third_party_cache_defaults
+
+    return os.path.abspath(third_party_cache_defaults()[CACHE_ENV])
+
+
+def persistent_cache() -> str:
+    """Point torch's compile cache at `cache_dir()` for this process (before its first
+    compile; SGLang's server entry does the same where it runs first); the directory."""
+    path = cache_dir()
+    os.environ[CACHE_ENV] = path
+    os.makedirs(path, exist_ok=True)
+    return path
 
 
 def choice(env: str, values: tuple[str, ...]) -> str:
@@ -43,4 +106,6 @@ def guarded_inputs(tensors, fresh_strides: bool = False) -> tuple:
                  else t for t in tensors)
 
 
-__all__ = ["RECOMPILE_LIMIT", "allow_graphs", "choice", "guarded_inputs"]
+__all__ = ["CACHE_ENV", "FLAG", "RECOMPILE_LIMIT", "REMOVED_ENV", "allow_graphs", "cache_dir", "choice",
+           "compiled_step", "compiled_step_serving", "guarded_inputs", "persistent_cache", "refuse_removed_switches",
+           "set_compiled_step"]

@@ -24,7 +24,9 @@ class Rotary:
 
     def forward_native(self, positions, query, key):
         angle = positions.to(query.dtype)[:, None] * 0.1
-        return query * torch.cos(angle) + query.roll(1, -1) * torch.sin(angle), key * torch.cos(angle)
+        # rolled within each head, as a real rotary rotates pairs of a head's dims
+        rolled = query.view(query.shape[0], -1, HEAD_DIM).roll(1, -1).view(query.shape)
+        return query * torch.cos(angle) + rolled * torch.sin(angle), key * torch.cos(angle)
 
 
 class Attention:
@@ -157,19 +159,28 @@ def test_the_target_hands_dflash_the_streams_of_its_captured_layers():
     assert target.aux(streams) is None
 
 
-def test_mode_defaults_to_eager_and_refuses_unknown_values(monkeypatch):
+def test_sglangs_own_flag_switches_the_compiled_step_on_cpu_and_the_old_switches_are_refused():
     from sglang_domino.sglang.cpu import compiled_forward as cf
+    from sglang_domino.sglang.cpu import switches
 
-    monkeypatch.delenv(cf.MODE_ENV, raising=False)
-    assert cf.mode() == "eager" and not cf.compiles(draft=False) and not cf.install()
-    monkeypatch.setenv(cf.MODE_ENV, "target")
-    assert cf.compiles(draft=False) and not cf.compiles(draft=True)
-    monkeypatch.setenv(cf.MODE_ENV, "compiled")
-    assert cf.compiles(draft=False) and cf.compiles(draft=True)
-    monkeypatch.setenv(cf.MODE_ENV, "inductor")
-    with pytest.raises(ValueError, match="SGLANG_DOMINO_CPU_FORWARD='inductor': expected one of eager, target, "
-                                         "compiled"):
-        cf.mode()
+    args = lambda device, flag: SimpleNamespace(device=device, enable_torch_compile=flag)  # noqa: E731
+    assert switches.compiled_step(args("cpu", True))
+    assert not switches.compiled_step(args("cpu", False)) and not switches.compiled_step(args("cuda", True))
+    assert not cf.install(args("cpu", False))
+    for name in switches.REMOVED_ENV:
+        with pytest.raises(ValueError, match=f"{name} was removed: .*--enable-torch-compile .*--device cpu"):
+            switches.refuse_removed_switches({name: "compiled"})
+    switches.refuse_removed_switches({})
+
+
+def test_the_compile_cache_is_sglangs_unless_torchs_variable_names_one(monkeypatch, tmp_path):
+    from sglang_domino.sglang.cpu import switches
+
+    monkeypatch.delenv(switches.CACHE_ENV, raising=False)
+    monkeypatch.setenv("SGLANG_CACHE_DIR", str(tmp_path / "sglang"))
+    assert switches.cache_dir() == str(tmp_path / "sglang" / "inductor")
+    monkeypatch.setenv(switches.CACHE_ENV, str(tmp_path / "mine"))
+    assert switches.persistent_cache() == str(tmp_path / "mine") and (tmp_path / "mine").is_dir()
 
 
 @pytest.mark.parametrize("draft", [False, True])
@@ -179,12 +190,116 @@ def test_a_model_it_cannot_compile_is_refused_at_load_naming_why(monkeypatch, dr
     class Other:
         pass
 
-    monkeypatch.setenv(cf.MODE_ENV, "compiled")
-    runner = SimpleNamespace(device="cpu", is_draft_worker=draft, model=Other())
+    flag = SimpleNamespace(device="cpu", enable_torch_compile=True)
+    runner = SimpleNamespace(device="cpu", is_draft_worker=draft, model=Other(), server_args=flag)
     want = "only DFlashDraftModel" if draft else "only Qwen3ForCausalLM"
-    with pytest.raises(ValueError, match=f"cannot compile this {'draft' if draft else 'target'}: .*Other.*{want}"):
+    kind = "draft" if draft else "target"
+    with pytest.raises(ValueError, match=f"--enable-torch-compile with --device cpu cannot compile this {kind}: "
+                                         f".*Other.*{want}.*; serve it without --enable-torch-compile"):
         cf.after_load_model(None, runner)
-    # a GPU runner, or the eager mode, leaves the model alone
-    assert cf.after_load_model("r", SimpleNamespace(device="cuda", is_draft_worker=draft, model=Other())) == "r"
-    monkeypatch.setenv(cf.MODE_ENV, "eager")
+    # a GPU runner, or a server without the flag, leaves the model alone
+    assert cf.after_load_model("r", SimpleNamespace(device="cuda", is_draft_worker=draft, model=Other(),
+                                                    server_args=flag)) == "r"
+    runner.server_args = SimpleNamespace(device="cpu", enable_torch_compile=False)
     assert cf.after_load_model("r", runner) == "r" and not hasattr(runner.model, "forward")
+
+
+class _RankAttention(Attention):
+    """`Attention` over one rank's heads (its share of the q and kv heads)."""
+
+    def __init__(self, index, seen, heads, kv_heads):
+        super().__init__(index, seen)
+        self.heads, self.kv_heads = heads, kv_heads
+
+    def __call__(self, q, k, v, forward_batch):
+        t = q.shape[0]
+        q = q.view(t, self.heads, HEAD_DIM).transpose(0, 1)
+        k = k.view(t, self.kv_heads, HEAD_DIM).transpose(0, 1)
+        v = v.view(t, self.kv_heads, HEAD_DIM).transpose(0, 1)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return out.transpose(0, 1).reshape(t, self.heads * HEAD_DIM)
+
+
+def _shard(layers, rank, world, group):
+    """Rank `rank`'s share of `layers` as upstream's tensor parallelism cuts them: its q and
+    kv heads, the o_proj's and down_proj's input columns (row-parallel, reduced over
+    `group`), its gate and up rows."""
+    heads, kv_heads, inter = HEADS // world, KV_HEADS // world, INTER // world
+    q_all, kv_all = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
+    q_rows = slice(rank * heads * HEAD_DIM, (rank + 1) * heads * HEAD_DIM)
+    kv_rows = slice(rank * kv_heads * HEAD_DIM, (rank + 1) * kv_heads * HEAD_DIM)
+    i_rows = slice(rank * inter, (rank + 1) * inter)
+    out = []
+    for i, layer in enumerate(layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        w = attn.qkv_proj.weight
+        qkv = torch.cat([w[:q_all][q_rows], w[q_all:q_all + kv_all][kv_rows], w[q_all + kv_all:][kv_rows]])
+        gate_up = torch.cat([mlp.gate_up_proj.weight[:INTER][i_rows], mlp.gate_up_proj.weight[INTER:][i_rows]])
+        rank_attn = SimpleNamespace(
+            qkv_proj=SimpleNamespace(weight=qkv, bias=None),
+            o_proj=SimpleNamespace(weight=attn.o_proj.weight[:, q_rows], bias=None, tp_group=group),
+            q_norm=attn.q_norm, k_norm=attn.k_norm, rotary_emb=attn.rotary_emb, q_size=heads * HEAD_DIM,
+            kv_size=kv_heads * HEAD_DIM, head_dim=HEAD_DIM, attn=_RankAttention(i, attn.attn.seen, heads, kv_heads))
+        rank_mlp = SimpleNamespace(gate_up_proj=SimpleNamespace(weight=gate_up, bias=None),
+                                   down_proj=SimpleNamespace(weight=mlp.down_proj.weight[:, i_rows], bias=None,
+                                                             tp_group=group),
+                                   act_fn=mlp.act_fn)
+        out.append(SimpleNamespace(self_attn=rank_attn, mlp=rank_mlp, input_layernorm=layer.input_layernorm,
+                                   post_attention_layernorm=layer.post_attention_layernorm))
+    return out
+
+
+def test_tensor_parallel_ranks_run_their_shards_compiled_and_reduce_to_the_whole_model():
+    """`--tp-size 2`: each rank compiles its shard of the layers (the warm-up on its own, no
+    collective), and serving reduces the row-parallel projections over the rank group:
+    every rank's hidden states and residual streams are the unsharded layers'.
+
+    The ranks are threads of a fresh interpreter: beside the graphs this module's other
+    tests compiled, two threads entering compiled code hung or crashed the process (a test
+    artifact: a server's ranks are processes)."""
+    import subprocess
+    import sys
+
+    root = __file__[:__file__.rindex("/tests/")]
+    code = "from tests.sglang.cpu.test_compiled_forward import tensor_parallel_ranks; tensor_parallel_ranks()"
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().endswith("ranks equal to the whole model"), done.stdout[-2000:]
+
+
+def tensor_parallel_ranks():
+    import threading
+
+    from sglang_domino.sglang.cpu import compiled_forward as cf
+    from tests.sglang.tp_fakes import Exchange, FakeGroup
+
+    world, seen = 2, []
+    layers, final_norm = _layers(2, seen, seed=3)
+    exchange = Exchange(world)
+    groups = [FakeGroup(exchange, r) for r in range(world)]
+    ranks = [cf.CompiledLayers(_shard(layers, r, world, groups[r]), final_norm) for r in range(world)]
+    for compiled in ranks:
+        compiled.warm(torch.float32, HIDDEN)   # one rank after the other: no collective at load
+    assert not any(g.calls for g in groups)
+    for rows in (1, 6):
+        hidden, positions = _inputs(rows, seed=20 + rows)
+        want, want_streams = _reference(layers, final_norm, hidden, positions)
+        results, errors = [None] * world, []
+
+        def rank(r):
+            try:
+                with torch.inference_mode():
+                    results[r] = ranks[r](hidden, positions, object())
+            except Exception as err:   # surfaced below
+                errors.append(err)
+
+        threads = [threading.Thread(target=rank, args=(r,)) for r in range(world)]
+        [t.start() for t in threads]
+        [t.join(60) for t in threads]
+        assert not errors, errors
+        for got, streams in results:
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+            for s, w in zip(streams, want_streams):
+                torch.testing.assert_close(s, w, rtol=1e-4, atol=1e-5)
+    assert all(g.calls.count("all_reduce") == 2 * 2 * 2 for g in groups)   # 2 layers x 2 projections x 2 runs
+    print("ranks equal to the whole model")

@@ -108,7 +108,7 @@ def _install_every_group() -> dict:
     hooks.install(hooks.HYBRID_REPLAY)
     hooks.install(hooks.ADAPTIVE_METRICS)
     hooks.install(hooks.PENALTIES)
-    hooks.install(hooks.CPU_FORWARD)   # opt-in (SGLANG_DOMINO_CPU_FORWARD=target or compiled)
+    hooks.install(hooks.CPU_FORWARD)   # with --enable-torch-compile
     return dict(after_load=after_load, after_all=hooks.installed(), standin=standin, install_twice=again,
                 host_indices=[host_indices_before, MooncakeKVSender.supports_host_tensor_indices])
 
