@@ -33,7 +33,6 @@ the server refuses to start and says why.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from typing import Optional
@@ -41,7 +40,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from . import switches
+from . import graph_ops, switches
 from .switches import FLAG, allow_graphs, guarded_inputs
 
 logger = logging.getLogger(__name__)
@@ -78,84 +77,6 @@ def around_capture_decode_graph(original, *args, model_runner=None, **kwargs):
         return original(*args, model_runner=model_runner, **kwargs)
     finally:
         flags.enable_torch_compile = previous
-
-
-# -- attention: one opaque op, the step's batch read from here --------------------------
-
-class _Step:
-    """The forward in progress: its batch and the attention modules by layer index."""
-    batch = None
-    layers: list = []
-
-
-@contextlib.contextmanager
-def _step(batch, layers):
-    _Step.batch, _Step.layers = batch, layers
-    try:
-        yield
-    finally:
-        _Step.batch, _Step.layers = None, []
-
-
-@torch.library.custom_op("sglang_domino::cpu_attention", mutates_args=())
-def cpu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
-    """Upstream's attention of layer `layer` (`RadixAttention.forward`: writes k and v into
-    the KV cache, attends) for the step in progress. Without one (compiling at load time)
-    it returns zeros."""
-    if _Step.batch is None:
-        return torch.zeros_like(q)
-    out = _Step.layers[layer](q, k, v, _Step.batch)
-    return out.reshape(q.shape[0], -1)
-
-
-@cpu_attention.register_fake
-def _(q, k, v, layer):
-    return torch.empty_like(q)
-
-
-# -- tensor parallelism: the row-parallel projections' all-reduce, one opaque op ------------
-
-_groups: list = []   # the groups the compiled layers reduce over, by index
-
-
-def _group_index(group) -> int:
-    for i, known in enumerate(_groups):
-        if known is group:
-            return i
-    _groups.append(group)
-    return len(_groups) - 1
-
-
-@torch.library.custom_op("sglang_domino::cpu_all_reduce", mutates_args=())
-def cpu_all_reduce(x: torch.Tensor, group: int) -> torch.Tensor:
-    """The sum of `x` over the ranks of group `group` (its `all_reduce`, as upstream's
-    layer boundary reduces a row-parallel projection); a fresh tensor. Outside a step
-    (compiling at load time, each rank on its own) it is `x`."""
-    if _Step.batch is None:
-        return x.clone()
-    return _groups[group].all_reduce(x.clone())
-
-
-@cpu_all_reduce.register_fake
-def _(x, group):
-    return torch.empty_like(x)
-
-
-def reduce_group(linear) -> int:
-    """The index of the group a row-parallel projection reduces over, -1 for none (one
-    rank). Taken when the layers are wrapped, outside the graph: dynamo would guard the
-    graph on the registry's contents otherwise."""
-    group = getattr(linear, "tp_group", None)
-    return _group_index(group) if group is not None and int(group.world_size) > 1 else -1
-
-
-def _row_parallel(linear, group: int, x: torch.Tensor) -> torch.Tensor:
-    """A row-parallel projection: this rank's product, summed over the ranks of `group`
-    (`reduce_group`), then the bias (once, as rank 0 alone adds it upstream)."""
-    out = F.linear(x, linear.weight)
-    if group >= 0:
-        out = torch.ops.sglang_domino.cpu_all_reduce(out, group)
-    return out if linear.bias is None else out + linear.bias
 
 
 # -- eligibility ---------------------------------------------------------------------------
@@ -227,7 +148,7 @@ class CompiledLayers:
         self.layers = list(layers)
         self.attention = [layer.self_attn.attn for layer in self.layers]
         # (o_proj's, down_proj's) reduce group per layer (`reduce_group`)
-        self.reduce = [(reduce_group(layer.self_attn.o_proj), reduce_group(layer.mlp.down_proj))
+        self.reduce = [(graph_ops.reduce_group(layer.self_attn.o_proj), graph_ops.reduce_group(layer.mlp.down_proj))
                        for layer in self.layers]
         self.final_norm = final_norm
         allow_graphs()   # four graphs per model, the target's and the draft's on the same code
@@ -251,10 +172,10 @@ class CompiledLayers:
             k = attn.k_norm.forward_native(k.reshape(-1, attn.head_dim)).view(k.shape)
             q, k = attn.rotary_emb.forward_native(positions, q, k)
             out = torch.ops.sglang_domino.cpu_attention(q, k, v.contiguous(), i)
-            hidden = _row_parallel(attn.o_proj, self.reduce[i][0], out)
+            hidden = graph_ops.row_parallel(attn.o_proj, self.reduce[i][0], out)
             hidden, residual = layer.post_attention_layernorm.forward_native(hidden, residual)
             gate_up = F.linear(hidden, mlp.gate_up_proj.weight, mlp.gate_up_proj.bias)
-            hidden = _row_parallel(mlp.down_proj, self.reduce[i][1], mlp.act_fn.forward_native(gate_up))
+            hidden = graph_ops.row_parallel(mlp.down_proj, self.reduce[i][1], mlp.act_fn.forward_native(gate_up))
         hidden, _ = self.final_norm.forward_native(hidden, residual)
         return hidden, streams
 
@@ -271,7 +192,7 @@ class CompiledLayers:
         # dynamo's guards tell inference tensors from others, and the caller's mode is the
         # one the outputs must be usable in: inputs of the other kind are copied into this one
         hidden, positions = guarded_inputs((hidden, positions))
-        with torch.no_grad(), _step(forward_batch, self.attention):
+        with torch.no_grad(), graph_ops.step(forward_batch, self.attention):
             out = self._compiled(hidden, positions)
         if self.warmed and self.graphs() != graphs:
             # the warm-up should have compiled every graph serving needs (tests/e2e read this line)
@@ -378,6 +299,47 @@ class CompiledDraft(_CompiledModel):
         return LogitsProcessorOutput(next_token_logits=None, hidden_states=hidden)
 
 
+# The most requests a shape warm-up covers per verify width (the scheduler's batch cap above
+# this is warmed up to here only: a bigger batch's first step pays its shapes).
+WARM_BATCH_CAP = 64
+
+
+def serving_rows(server_args, draft: bool) -> list[int]:
+    """The row counts the model's forward serves in decode steps: the target's verify (or
+    plain decode) at every width, a draft's block, for 1 to `max_running_requests`
+    requests (at most WARM_BATCH_CAP)."""
+    from ..settings import current
+
+    batch = min(int(getattr(server_args, "max_running_requests", None) or WARM_BATCH_CAP), WARM_BATCH_CAP)
+    if not getattr(server_args, "speculative_algorithm", None):
+        widths = {1}
+    else:
+        settings = current()
+        window = int(getattr(server_args, "speculative_num_draft_tokens", None) or 16)
+        block = int(settings.draft_block or window)
+        if draft:
+            widths = {block}
+        else:
+            widths = {window} | (set(settings.adaptive.widths) if settings.adaptive is not None else set())
+    return sorted({b * w for b in range(1, batch + 1) for w in widths})
+
+
+def warm_shapes(layers: CompiledLayers, dtype: torch.dtype, hidden_size: int, rows: list[int],
+                inference: bool) -> float:
+    """Every row count of `rows` through the compiled layers once (attention returning
+    zeros), in the mode the model is called in; seconds taken. In bfloat16 (and float16)
+    oneDNN builds a kernel for each new matrix shape on first use (40-170 ms steps
+    against 10-28 ms warm on the 2-core test bed, docs/results.md): paid here, not by
+    the first requests. Float32 matmuls build nothing per shape and are not warmed."""
+    if dtype == torch.float32:
+        return 0.0
+    t0 = time.perf_counter()
+    with torch.inference_mode(inference):
+        for n in rows:
+            layers(torch.zeros(n, hidden_size, dtype=dtype), torch.zeros(n, dtype=torch.int64), None)
+    return time.perf_counter() - t0
+
+
 def after_load_model(result, runner, *args, **kwargs):
     """`ModelRunner.load_model`: on CPU with `--enable-torch-compile`, the model's forward
     becomes the compiled one (compiled before serving); refused at start-up with the
@@ -396,6 +358,9 @@ def after_load_model(result, runner, *args, **kwargs):
     model.forward = compiled
     dtype = next(model.parameters()).dtype
     seconds = compiled.layers.warm(dtype, model.config.hidden_size)
+    # the draft is called in inference mode, the target without
+    seconds += warm_shapes(compiled.layers, dtype, model.config.hidden_size,
+                           serving_rows(runner.server_args, draft), inference=draft)
     compiled.warm_embedding()
     if draft:
         seconds += compiled.context.warm(dtype, int(model.fc.weight.shape[1]))
@@ -406,5 +371,5 @@ def after_load_model(result, runner, *args, **kwargs):
     return result
 
 
-__all__ = ["CompiledDraft", "CompiledLayers", "CompiledTarget", "after_load_model", "around_capture_decode_graph",
-           "cpu_all_reduce", "cpu_attention", "install", "refusal"]
+__all__ = ["CompiledDraft", "CompiledLayers", "CompiledTarget", "WARM_BATCH_CAP", "after_load_model",
+           "around_capture_decode_graph", "install", "refusal", "serving_rows", "warm_shapes"]

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 
 from ...rollout import propose_domino
 from .. import sampled_rollout
+from . import graph_ops
 from .switches import allow_graphs, compiled_step_serving, guarded_inputs
 
 
@@ -49,33 +50,6 @@ class GreedyPick:
         if k > 0 and self.pool_ids is not None:
             return self.pool_ids.gather(1, index[:, None])[:, 0], None
         return index, None
-
-
-# -- tensor parallelism: the vocabulary-parallel embedding, one opaque op -------------------
-
-_embeddings: list = []   # the embedding modules the compiled rollouts look feedback tokens up in
-
-
-def _embedding_index(module) -> int:
-    for i, known in enumerate(_embeddings):
-        if known is module:
-            return i
-    _embeddings.append(module)
-    return len(_embeddings) - 1
-
-
-@torch.library.custom_op("sglang_domino::cpu_embedding", mutates_args=())
-def cpu_embedding(ids: torch.Tensor, weight: torch.Tensor, module: int) -> torch.Tensor:
-    """Embedding module `module`'s rows for `ids` (a vocabulary-parallel embedding: this
-    rank's rows, summed over the ranks), `weight` its local shard. Looked up as one row
-    of ids (the target's forward looks them up so), in inference mode as the rollout runs:
-    the calls upstream's compiled masking saw in the warm-up."""
-    return _embeddings[module](ids.reshape(-1)).view(*ids.shape, weight.shape[1])
-
-
-@cpu_embedding.register_fake
-def _(ids, weight, module):
-    return weight.new_empty((*ids.shape, weight.shape[1]))
 
 
 class CompiledRollout:
@@ -116,7 +90,7 @@ class CompiledRollout:
             z, base = sampled_rollout.base_logits(draft_hidden=draft_hidden, lm_head_weight=lm_head_weight,
                                                   vocab_size=vocab_size, shift_label=shift_label, **base_args)
             z, = guarded_inputs((z,), fresh_strides=True)
-            embedding = -1 if embedding_module is None else _embedding_index(embedding_module)
+            embedding = -1 if embedding_module is None else graph_ops.embedding_index(embedding_module)
             tokens = self._compiled(z, base, bonus_tokens, embed_weight, int(vocab_size), int(candidate_pool_size),
                                     embedding)
         return tokens.clone()   # an ordinary tensor again: the step writes into what it is given
@@ -159,4 +133,4 @@ def greedy_rollout(embed_weight: Optional[torch.Tensor], **kwargs) -> torch.Tens
     return rollout(embed_weight=embed_weight, **kwargs)
 
 
-__all__ = ["CompiledRollout", "GreedyPick", "cpu_embedding", "eligible", "greedy_rollout", "rollout_for"]
+__all__ = ["CompiledRollout", "GreedyPick", "eligible", "greedy_rollout", "rollout_for"]

@@ -134,12 +134,17 @@ def test_compiled_layers_match_the_eager_layers_and_compile_nothing_after_the_wa
     assert cf.NEW_GRAPH in caplog.text
 
 
-def test_the_attention_op_outside_a_step_returns_zeros():
-    from sglang_domino.sglang.cpu import compiled_forward as cf
+def test_the_attention_and_all_reduce_ops_outside_a_step_return_zeros_and_their_input():
+    """Compiling at load time there is no step: attention gives zeros and the all-reduce
+    its input, on each rank alone (no collective while the ranks load)."""
+    from sglang_domino.sglang.cpu import graph_ops
 
     q = torch.randn(3, HEADS * HEAD_DIM)
     out = torch.ops.sglang_domino.cpu_attention(q, torch.randn(3, 16), torch.randn(3, 16), 0)
-    assert torch.equal(out, torch.zeros_like(q)) and cf._Step.batch is None
+    assert torch.equal(out, torch.zeros_like(q)) and graph_ops._Step.batch is None
+    group = graph_ops.reduce_group(SimpleNamespace(tp_group=SimpleNamespace(world_size=2)))
+    assert group >= 0 and graph_ops.reduce_group(SimpleNamespace(tp_group=None)) == -1
+    assert torch.equal(torch.ops.sglang_domino.cpu_all_reduce(q, group), q)
 
 
 def test_the_target_hands_dflash_the_streams_of_its_captured_layers():
@@ -303,3 +308,42 @@ def tensor_parallel_ranks():
                 torch.testing.assert_close(s, w, rtol=1e-4, atol=1e-5)
     assert all(g.calls.count("all_reduce") == 2 * 2 * 2 for g in groups)   # 2 layers x 2 projections x 2 runs
     print("ranks equal to the whole model")
+
+
+def test_the_shape_warm_up_covers_every_batch_at_every_width_and_compiles_nothing_new(monkeypatch):
+    """The row counts a server's forwards serve (plain decode, the verify at the window and
+    at every adaptive width, a draft's block) for 1 to max_running_requests requests; in
+    bfloat16 each runs once at start-up on the warm graphs (no graph compiled), float32
+    warms none."""
+    from sglang_domino.sglang import settings
+    from sglang_domino.sglang.cpu import compiled_forward as cf
+    from sglang_domino.verify_width import AdaptiveWidthConfig
+
+    plain = SimpleNamespace(max_running_requests=3, speculative_algorithm=None)
+    assert cf.serving_rows(plain, draft=False) == [1, 2, 3]
+    spec = SimpleNamespace(max_running_requests=2, speculative_algorithm="DFLASH", speculative_num_draft_tokens=8)
+    monkeypatch.setenv(settings.SETTINGS_ENV, settings.SchedulerSettings(draft_block=16).model_dump_json())
+    assert cf.serving_rows(spec, draft=False) == [8, 16] and cf.serving_rows(spec, draft=True) == [16, 32]
+    adaptive = settings.SchedulerSettings(adaptive=AdaptiveWidthConfig(widths=[16, 4, 1]))
+    monkeypatch.setenv(settings.SETTINGS_ENV, adaptive.model_dump_json())
+    assert cf.serving_rows(spec, draft=False) == [1, 2, 4, 8, 16, 32]
+    assert len(cf.serving_rows(SimpleNamespace(max_running_requests=1000, speculative_algorithm=None), False)) \
+        == cf.WARM_BATCH_CAP
+
+    seen = []
+    layers, final_norm = _layers(2, seen, seed=4)
+    for obj in [final_norm, *layers, *(l.self_attn for l in layers), *(l.mlp for l in layers)]:
+        for name, value in list(vars(obj).items()):
+            if isinstance(value, torch.nn.Module):
+                value.to(torch.bfloat16)
+            elif isinstance(getattr(value, "weight", None), torch.Tensor):
+                value.weight = value.weight.to(torch.bfloat16)
+    compiled = cf.CompiledLayers(layers, final_norm)
+    compiled.warm(torch.bfloat16, HIDDEN)
+    graphs = compiled.graphs()
+    calls = []
+    real = compiled._compiled
+    compiled._compiled = lambda hidden, positions: calls.append(int(hidden.shape[0])) or real(hidden, positions)
+    assert cf.warm_shapes(compiled, torch.float32, HIDDEN, [1, 2, 3], inference=False) == 0.0 and not calls
+    cf.warm_shapes(compiled, torch.bfloat16, HIDDEN, [1, 4, 7, 16], inference=True)
+    assert calls == [1, 4, 7, 16] and compiled.graphs() == graphs and seen == []

@@ -1,0 +1,120 @@
+"""The opaque ops the compiled CPU graphs call (`compiled_forward.py`, `rollout.py`): what a
+graph must not trace, run eagerly as upstream runs it, with a fake (shape-only) version
+for tracing. Each op reads what it needs beyond tensors from a registry here, by index:
+the step's batch and attention modules, the tensor-parallel groups, the embedding modules.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+
+# -- attention: one opaque op, the step's batch read from here --------------------------
+
+class _Step:
+    """The forward in progress: its batch and the attention modules by layer index."""
+    batch = None
+    layers: list = []
+
+
+@contextlib.contextmanager
+def step(batch, layers):
+    _Step.batch, _Step.layers = batch, layers
+    try:
+        yield
+    finally:
+        _Step.batch, _Step.layers = None, []
+
+
+@torch.library.custom_op("sglang_domino::cpu_attention", mutates_args=())
+def cpu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
+    """Upstream's attention of layer `layer` (`RadixAttention.forward`: writes k and v into
+    the KV cache, attends) for the step in progress. Without one (compiling at load time)
+    it returns zeros."""
+    if _Step.batch is None:
+        return torch.zeros_like(q)
+    out = _Step.layers[layer](q, k, v, _Step.batch)
+    return out.reshape(q.shape[0], -1)
+
+
+@cpu_attention.register_fake
+def _(q, k, v, layer):
+    return torch.empty_like(q)
+
+
+# -- tensor parallelism: the row-parallel projections' all-reduce, one opaque op ------------
+
+_groups: list = []   # the groups the compiled layers reduce over, by index
+
+
+def _group_index(group) -> int:
+    for i, known in enumerate(_groups):
+        if known is group:
+            return i
+    _groups.append(group)
+    return len(_groups) - 1
+
+
+@torch.library.custom_op("sglang_domino::cpu_all_reduce", mutates_args=())
+def cpu_all_reduce(x: torch.Tensor, group: int) -> torch.Tensor:
+    """The sum of `x` over the ranks of group `group` (its `all_reduce`, as upstream's
+    layer boundary reduces a row-parallel projection); a fresh tensor. Outside a step
+    (compiling at load time, each rank on its own) it is `x`."""
+    if _Step.batch is None:
+        return x.clone()
+    return _groups[group].all_reduce(x.clone())
+
+
+@cpu_all_reduce.register_fake
+def _(x, group):
+    return torch.empty_like(x)
+
+
+def reduce_group(linear) -> int:
+    """The index of the group a row-parallel projection reduces over, -1 for none (one
+    rank). Taken when the layers are wrapped, outside the graph: dynamo would guard the
+    graph on the registry's contents otherwise."""
+    group = getattr(linear, "tp_group", None)
+    return _group_index(group) if group is not None and int(group.world_size) > 1 else -1
+
+
+def row_parallel(linear, group: int, x: torch.Tensor) -> torch.Tensor:
+    """A row-parallel projection: this rank's product, summed over the ranks of `group`
+    (`reduce_group`), then the bias (once, as rank 0 alone adds it upstream)."""
+    out = F.linear(x, linear.weight)
+    if group >= 0:
+        out = torch.ops.sglang_domino.cpu_all_reduce(out, group)
+    return out if linear.bias is None else out + linear.bias
+
+
+# -- tensor parallelism: the vocabulary-parallel embedding, one opaque op -------------------
+
+_embeddings: list = []   # the embedding modules the compiled rollouts look feedback tokens up in
+
+
+def embedding_index(module) -> int:
+    for i, known in enumerate(_embeddings):
+        if known is module:
+            return i
+    _embeddings.append(module)
+    return len(_embeddings) - 1
+
+
+@torch.library.custom_op("sglang_domino::cpu_embedding", mutates_args=())
+def cpu_embedding(ids: torch.Tensor, weight: torch.Tensor, module: int) -> torch.Tensor:
+    """Embedding module `module`'s rows for `ids` (a vocabulary-parallel embedding: this
+    rank's rows, summed over the ranks), `weight` its local shard. Looked up as one row
+    of ids (the target's forward looks them up so), in inference mode as the rollout runs:
+    the calls upstream's compiled masking saw in the warm-up."""
+    return _embeddings[module](ids.reshape(-1)).view(*ids.shape, weight.shape[1])
+
+
+@cpu_embedding.register_fake
+def _(ids, weight, module):
+    return weight.new_empty((*ids.shape, weight.shape[1]))
+
+
+__all__ = ["cpu_all_reduce", "cpu_attention", "cpu_embedding", "embedding_index", "reduce_group", "row_parallel",
+           "step"]
