@@ -22,7 +22,7 @@ draft's inference tensors, a strided column of bonus tokens) failed the guards o
 graphs the warm-up compiled, so every graph was compiled again while serving. It now runs
 in inference mode on fresh copies (`CompiledRollout.__call__`): adaptive 1.03-1.05 x in
 float32 on a 2-core Intel Xeon, width 16 up to 1.17 x, nothing measured in bfloat16 alone
-(docs/cpu.md#the-domino-rollout-compiled-on-cpu-opt-in).
+(docs/cpu.md#the-domino-rollout-compiled-on-cpu).
 """
 
 from __future__ import annotations
