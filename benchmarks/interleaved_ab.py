@@ -177,6 +177,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_load_arguments(ap, rounds=3)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--tp-size", type=int, default=1, help="every server's --tp-size (ranks over gloo on CPU)")
     ap.add_argument("--max-new-tokens", type=int, default=128,
                     help="a longer generation gives the adaptive policy more steps per request group")
     ap.add_argument("--servers", nargs="+", default=["plain", "width 1, context late", "width 1, context every step",
@@ -197,7 +198,7 @@ def main(argv=None) -> None:
             compare_texts=not saved["temperature"]))
         return
     cfg = bench_config(args.prompts, args.concurrencies, args.temperature, args.top_k, args.top_p, args.dtype)
-    cfg = cfg.model_copy(update={"max_new_tokens": args.max_new_tokens})
+    cfg = cfg.model_copy(update={"max_new_tokens": args.max_new_tokens, "tp_size": args.tp_size})
     prompts = render_prompts(cfg)
     runs = []
     with contextlib.ExitStack() as stack:
@@ -232,11 +233,14 @@ def main(argv=None) -> None:
         command += f" --dtype {args.dtype}"
     if args.max_new_tokens != 128:
         command += f" --max-new-tokens {args.max_new_tokens}"
+    if args.tp_size != 1:
+        command += f" --tp-size {args.tp_size}"
     if args.turn:
         command += f" --turn {args.turn}"
     taking = ("taking turns group by group" if not args.turn else
               f"taking turns every {args.turn} requests, each turn a steady load (at most the concurrency in flight)")
-    header = [f"Test bed, {args.dtype}, {args.prompts} held-out requests, {cfg.max_new_tokens} new tokens, {sampling}; "
+    header = [f"Test bed, {args.dtype}{f', --tp-size {args.tp_size}' if args.tp_size != 1 else ''}, "
+              f"{args.prompts} held-out requests, {cfg.max_new_tokens} new tokens, {sampling}; "
               f"the servers side by side, {taking} ({args.rounds} rounds); output tok/s over each "
               f"server's own wall time. CPU: {cpu_label(info)}, {info.get('cpu_count')} cores. "
               f"Command: `{command}`."]

@@ -98,13 +98,21 @@ def ask(url: str, config: str, ids: list[int], max_new_tokens: int) -> dict:
     return {**parse_reply(config, resp.json()), "latency_s": round(time.time() - t0, 4)}
 
 
-def flush(url: str, config: str) -> None:
+def flush(url: str, config: str, attempts: int = 20) -> None:
+    """The server's prefix cache emptied. SGLang refuses a flush (400) while a finished
+    request is still leaving its batch, a moment after its reply: retried for a few
+    seconds (a run once stopped there)."""
     import requests
 
     path = "/reset_prefix_cache" if is_vllm(config) else "/flush_cache"
-    resp = requests.post(url + path, timeout=60)
-    if resp.status_code != 200:
-        raise RuntimeError(f"{config}: POST {path} answered {resp.status_code}: {resp.text[:200]}")
+    for attempt in range(attempts):
+        resp = requests.post(url + path, timeout=60)
+        if resp.status_code == 200:
+            return
+        if resp.status_code != 400 or attempt == attempts - 1:
+            break
+        time.sleep(0.25)
+    raise RuntimeError(f"{config}: POST {path} answered {resp.status_code}: {resp.text[:200]}")
 
 
 def run_load(url: str, config: str, prompts: list[list[int]], conc: int, max_new_tokens: int) -> dict:

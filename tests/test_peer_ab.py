@@ -144,3 +144,25 @@ def test_refold_rewrites_the_table_from_the_json(tmp_path):
     assert peer_ab.main(["--refold", "--out", str(tmp_path)]) == 0
     text = (tmp_path / "peer_ab.md").read_text()
     assert "| vLLM-CPU n-gram | 1 | 255.0 |" in text and "| 3 of 4 |" in text
+
+
+def test_a_flush_refused_while_a_request_leaves_the_batch_is_retried(monkeypatch):
+    import requests
+
+    answers = [400, 400, 200]
+    calls = []
+
+    def post(url, timeout):
+        calls.append(url)
+        return type("Resp", (), {"status_code": answers.pop(0), "text": "Flush cache failed."})()
+
+    monkeypatch.setattr(requests, "post", post)
+    monkeypatch.setattr(peer_ab.time, "sleep", lambda s: None)
+    peer_ab.flush("http://x", "domino")
+    assert calls == ["http://x/flush_cache"] * 3
+    answers[:] = [500]
+    with pytest.raises(RuntimeError, match="answered 500"):
+        peer_ab.flush("http://x", "vllm-plain")
+    answers[:] = [400] * 3
+    with pytest.raises(RuntimeError, match="answered 400: Flush cache failed"):
+        peer_ab.flush("http://x", "domino", attempts=3)

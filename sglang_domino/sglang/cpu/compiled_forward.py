@@ -365,7 +365,7 @@ def after_load_model(result, runner, *args, **kwargs):
     if draft:
         seconds += compiled.context.warm(dtype, int(model.fc.weight.shape[1]))
     # a graph compiled after this is a missed warm-up: the log says which guard failed
-    torch._logging.set_logs(recompiles_verbose=True)
+    torch._logging.set_logs(recompiles=True)
     logger.info("%s: the %s's %d layers compiled in %.1f s (compile cache %s)", FLAG, kind,
                 len(compiled.layers.layers), seconds, switches.cache_dir())
     return result

@@ -60,9 +60,14 @@ def refuse_removed_switches(environ=None) -> None:
 def cache_dir() -> str:
     """Where the compiled graphs are cached: $TORCHINDUCTOR_CACHE_DIR, else SGLang's own
     choice for it (`inductor` under $SGLANG_CACHE_DIR, ~/.cache/sglang by default), so that
-    a restart finds them (torch's own default is under /tmp)."""
+    a restart finds them (torch's own default, which the variable may already hold, is
+    under /tmp)."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
     explicit = os.environ.get(CACHE_ENV)
-    if explicit:
+    # torch sets the variable to its own default the first time it asks (`python -m
+    # sglang.launch_server` gets there before SGLang's redirect): that is not the user's choice
+    if explicit and os.path.abspath(explicit) != os.path.abspath(default_cache_dir()):
         return os.path.abspath(explicit)
     from sglang.srt.environ import third_party_cache_defaults
 

@@ -184,6 +184,10 @@ def test_the_compile_cache_is_sglangs_unless_torchs_variable_names_one(monkeypat
     monkeypatch.delenv(switches.CACHE_ENV, raising=False)
     monkeypatch.setenv("SGLANG_CACHE_DIR", str(tmp_path / "sglang"))
     assert switches.cache_dir() == str(tmp_path / "sglang" / "inductor")
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    monkeypatch.setenv(switches.CACHE_ENV, default_cache_dir())   # torch's own, set by torch itself
+    assert switches.cache_dir() == str(tmp_path / "sglang" / "inductor")
     monkeypatch.setenv(switches.CACHE_ENV, str(tmp_path / "mine"))
     assert switches.persistent_cache() == str(tmp_path / "mine") and (tmp_path / "mine").is_dir()
 
