@@ -116,14 +116,9 @@ def test_tensor_parallel_ranks_run_the_rollout_compiled_with_the_single_ranks_pr
     logits all-gathered, the feedback embedding one opaque op over the parallel embedding)
     proposes the single-rank rollout's tokens, with and without the candidate pool. Ranks
     are threads of a fresh interpreter (see tests/sglang/cpu/test_compiled_forward.py)."""
-    import subprocess
-    import sys
+    from tests.helpers.fresh import run_fresh
 
-    root = __file__[:__file__.rindex("/tests/")]
-    code = "from tests.sglang.test_cpu_rollout import tensor_parallel_rollout; tensor_parallel_rollout()"
-    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.strip().endswith("ranks propose the single rank's tokens"), done.stdout[-2000:]
+    run_fresh(tensor_parallel_rollout, "ranks propose the single rank's tokens")
 
 
 def tensor_parallel_rollout():

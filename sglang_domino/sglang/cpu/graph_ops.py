@@ -46,15 +46,25 @@ def _(q, k, v, layer):
 
 # -- tensor parallelism: the row-parallel projections' all-reduce, one opaque op ------------
 
-_groups: list = []   # the groups the compiled layers reduce over, by index
+class _Registry:
+    """Objects an op is handed by index (an op's arguments are tensors and numbers)."""
+
+    def __init__(self):
+        self.items: list = []
+
+    def index(self, obj) -> int:
+        """`obj`'s index, registered on first sight (by identity)."""
+        for i, known in enumerate(self.items):
+            if known is obj:
+                return i
+        self.items.append(obj)
+        return len(self.items) - 1
+
+    def __getitem__(self, i: int):
+        return self.items[i]
 
 
-def _group_index(group) -> int:
-    for i, known in enumerate(_groups):
-        if known is group:
-            return i
-    _groups.append(group)
-    return len(_groups) - 1
+_groups = _Registry()   # the groups the compiled layers reduce over
 
 
 @torch.library.custom_op("sglang_domino::cpu_all_reduce", mutates_args=())
@@ -77,7 +87,7 @@ def reduce_group(linear) -> int:
     rank). Taken when the layers are wrapped, outside the graph: dynamo would guard the
     graph on the registry's contents otherwise."""
     group = getattr(linear, "tp_group", None)
-    return _group_index(group) if group is not None and int(group.world_size) > 1 else -1
+    return _groups.index(group) if group is not None and int(group.world_size) > 1 else -1
 
 
 def row_parallel(linear, group: int, x: torch.Tensor) -> torch.Tensor:
@@ -91,15 +101,11 @@ def row_parallel(linear, group: int, x: torch.Tensor) -> torch.Tensor:
 
 # -- tensor parallelism: the vocabulary-parallel embedding, one opaque op -------------------
 
-_embeddings: list = []   # the embedding modules the compiled rollouts look feedback tokens up in
+_embeddings = _Registry()   # the embedding modules the compiled rollouts look feedback tokens up in
 
 
 def embedding_index(module) -> int:
-    for i, known in enumerate(_embeddings):
-        if known is module:
-            return i
-    _embeddings.append(module)
-    return len(_embeddings) - 1
+    return _embeddings.index(module)
 
 
 @torch.library.custom_op("sglang_domino::cpu_embedding", mutates_args=())

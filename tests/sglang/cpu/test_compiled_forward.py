@@ -266,14 +266,9 @@ def test_tensor_parallel_ranks_run_their_shards_compiled_and_reduce_to_the_whole
     The ranks are threads of a fresh interpreter: beside the graphs this module's other
     tests compiled, two threads entering compiled code hung or crashed the process (a test
     artifact: a server's ranks are processes)."""
-    import subprocess
-    import sys
+    from tests.helpers.fresh import run_fresh
 
-    root = __file__[:__file__.rindex("/tests/")]
-    code = "from tests.sglang.cpu.test_compiled_forward import tensor_parallel_ranks; tensor_parallel_ranks()"
-    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.strip().endswith("ranks equal to the whole model"), done.stdout[-2000:]
+    run_fresh(tensor_parallel_ranks, "ranks equal to the whole model")
 
 
 def tensor_parallel_ranks():
