@@ -151,10 +151,10 @@ def test_rollout_hook_embeds_feedback_plainly_and_answers_a_one_slot_block(input
     (Upstream's eager rollout on CPU: the compiled one switched off, tests/sglang/test_cpu_rollout.py.)"""
     from sglang.srt.layers.quantization.unquant import UnquantizedEmbeddingMethod
 
-    from sglang_domino.sglang.cpu import rollout as cpu_rollout
+    from sglang_domino.sglang.cpu import switches
     from sglang_domino.sglang.rollout_hook import around_domino_rollout, embedding_weight
 
-    monkeypatch.setenv(cpu_rollout.MODE_ENV, "eager")
+    monkeypatch.setattr(switches._Process, "compiled", False)   # upstream's eager rollout, not the compiled one
     mods, hidden, bonus = inputs
     weight = mods[1].weight
     layer = SimpleNamespace(tp_size=1, output_dtype=None, quant_method=UnquantizedEmbeddingMethod(), weight=weight)
