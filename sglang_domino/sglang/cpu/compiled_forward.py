@@ -188,7 +188,6 @@ class CompiledLayers:
 
     def __call__(self, hidden, positions, forward_batch):
         graphs = self.graphs()
-        outer = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
         # dynamo's guards tell inference tensors from others, and the caller's mode is the
         # one the outputs must be usable in: inputs of the other kind are copied into this one
         hidden, positions = guarded_inputs((hidden, positions))
@@ -197,7 +196,8 @@ class CompiledLayers:
         if self.warmed and self.graphs() != graphs:
             # the warm-up should have compiled every graph serving needs (tests/e2e read this line)
             logger.warning("%s: %s compiled while serving (%d rows, %s, grad %s, inference %s)", FLAG, NEW_GRAPH,
-                           int(hidden.shape[0]), hidden.dtype, *outer)
+                           int(hidden.shape[0]), hidden.dtype, torch.is_grad_enabled(),
+                           torch.is_inference_mode_enabled())   # the caller's modes, restored by now
         return out
 
     def warm(self, dtype: torch.dtype, hidden_size: int) -> float:
@@ -232,12 +232,12 @@ class _CompiledModel:
         raise NotImplementedError
 
     def warm_embedding(self) -> None:
-        """The embedding at one row and at many, in each mode a step calls it in (grad
-        enabled, grad-free, inference), before the first request: under tensor
-        parallelism upstream's vocabulary-parallel embedding compiles its masking per such
+        """Under tensor parallelism, the embedding at one row and at many, in each mode a
+        step calls it in (grad enabled, grad-free, inference), before the first request:
+        upstream's vocabulary-parallel embedding compiles its masking per such
         kind of call (`get_masked_input_and_mask`); every rank makes the same calls (each
         all-reduces)."""
-        if self.embed_tokens is None:
+        if int(getattr(self.embed_tokens, "tp_size", 1)) <= 1:   # none, or one rank: nothing compiled
             return
         device = next(self.model.parameters()).device
         modes = (torch.enable_grad, torch.no_grad, torch.inference_mode)

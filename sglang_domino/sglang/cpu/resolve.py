@@ -47,10 +47,11 @@ def refuse_an_uncompiled_target(cfg, architectures) -> None:
     """`--enable-torch-compile` with `--device cpu` for a target whose layers the compiled
     CPU step does not compile (the gated delta-net targets among them): refused at
     start-up with the reason, rather than served eagerly in silence or failing in a
-    scheduler after the weights load. Unknown architectures are left to the load-time check."""
-    from .switches import FLAG, compiled_step
+    scheduler after the weights load. Unknown architectures are left to the load-time check.
+    Called only for a server that asks for the compiled step."""
+    from .switches import FLAG
 
-    if not compiled_step(cfg) or not architectures or set(architectures) <= COMPILED_TARGETS:
+    if not architectures or set(architectures) <= COMPILED_TARGETS:
         return
     raise ValueError(
         f"{FLAG} with --device cpu compiles {', '.join(sorted(COMPILED_TARGETS))} targets; {cfg.model_path} is "

@@ -3,8 +3,8 @@
 The compiled CPU step (the layers of the target and the draft, the draft's context write,
 the Domino rollout) is switched on by SGLang's own `--enable-torch-compile` with `--device
 cpu`; its graphs are cached across restarts where SGLang keeps its compile caches
-(`$SGLANG_CACHE_DIR/inductor`, `TORCHINDUCTOR_CACHE_DIR` overrides it). The two environment switches that once selected
-it are refused with a message naming the flag.
+(`$SGLANG_CACHE_DIR/inductor`; `TORCHINDUCTOR_CACHE_DIR` overrides it). The two environment
+switches that once selected it are refused with a message naming the flag.
 
 A debug switch that stays an environment variable (`SGLANG_DOMINO_CPU_ATTENTION`) has a
 fixed set of values, the first the default; any other value is refused, naming the
