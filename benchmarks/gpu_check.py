@@ -28,6 +28,11 @@ and agrees with its reference, and prints timings:
      its inputs), so a replay draws exactly what the eager call does; the graph holds no
      RNG op. On CPU there are no graphs: the stand-in calls the function again on the
      same static buffers ("(CPU: no graph captured)"), and no sync check runs.
+  6. no compile after the start-up warm-up: the chain-accept variants the warm-up builds
+     (`warmup._warm_chain_accept`, one request per width) against the served layouts at
+     batch 1 / 2 / 8 / 32 (views of the step's buffers, misaligned at batch 1), counted
+     from the kernel's own variant table; a twin that specialises the scalar pointers on
+     alignment shows the batch-1 compile the kernel used to make (issue 45).
 Needs torch, triton and pydantic (carry pydantic's wheels where it is missing); never
 imports sglang. Estimate on one H200 (not yet measured): sections 1-4 about 2 minutes
 (Triton compiles, 9 sweep variants, CUDA init and ~2.5 GB of random weights), section 5
@@ -563,6 +568,73 @@ def check_graph_tails(args, mods: DraftModules, device: torch.device) -> int:
     return failures
 
 
+def compiled_variants(kernel) -> int:
+    """How many compiled variants a Triton kernel holds, over its devices (its per-device
+    cache's first entry is the variant table in the Triton releases we meet)."""
+    caches = getattr(kernel, "device_caches", {})
+    return sum(len(entry[0]) for entry in caches.values())
+
+
+def served_accept(b: int, n: int, V: int, K: int, device: torch.device, kernel=None) -> None:
+    """One q-rule accept laid out as the served step lays it: the drafts a view of the
+    candidates (`candidates[:, 1:]`), q_k(d_k) a view of the block's q, the coins two views
+    of one draw (`u[:, :n]`, `u[:, n]`); at batch 1 those views are not 16-byte aligned."""
+    from sglang_domino.kernels import chain_accept as ca
+
+    candidates = torch.randint(0, V, (b, n + 1), device=device)
+    q = torch.rand(b, n + 1, device=device)
+    u = torch.rand(b, n + 1, device=device)
+    pool = torch.stack([torch.randperm(V, device=device)[:K] for _ in range(b)])
+    real = ca._chain_accept_kernel
+    if kernel is not None:
+        ca._chain_accept_kernel = kernel
+    try:
+        ca.accept_chain(candidates[:, 1:], q[:, 1:], torch.rand(b, V, device=device), pool,
+                        torch.rand(b, n - 1, K, device=device), torch.rand(b, n + 1, V, device=device),
+                        Uniforms(u[:, :n], u[:, n]))
+    finally:
+        ca._chain_accept_kernel = real
+
+
+def check_no_compile_after_warm_up(args, device: torch.device) -> int:
+    """6. The start-up warm-up (`warmup._warm_chain_accept`, fresh tensors, one request per
+    width) builds every chain-accept variant the served step launches: served layouts at
+    batch 1 / 2 / 8 / 32 and every width compile nothing new. Also shown: a twin kernel that
+    specialises the scalar pointers on alignment (as the kernel did before issue 45) would
+    compile at batch 1."""
+    import triton
+
+    from sglang_domino.kernels import chain_accept as ca
+    from sglang_domino.sglang.warmup import _warm_chain_accept
+
+    if device.type != "cuda":
+        print("[compile] skipped (no CUDA: the interpreter compiles nothing)")
+        return 0
+    V, K = (512, 64) if args.small else (151936, 2048)
+    widths = (16, 8, 4, 2)
+    kernel = ca._chain_accept_kernel
+    tic = time.perf_counter()
+    for w in widths:
+        _warm_chain_accept(w - 1, V, K, device)
+    torch.cuda.synchronize()
+    warmed = compiled_variants(kernel)
+    print(f"[compile] warm-up: {warmed} chain-accept variant(s) over widths {widths} "
+          f"in {time.perf_counter() - tic:.1f} s")
+    for b in (1, 2, 8, 32):
+        for w in widths:
+            served_accept(b, w - 1, V, K, device)
+    torch.cuda.synchronize()
+    new = compiled_variants(kernel) - warmed
+    print(f"[compile] served layouts at batch 1/2/8/32 x widths {widths}: {new} new variant(s)  ok={new == 0}")
+    twin = triton.jit(kernel.fn, do_not_specialize=ca.NO_VALUE_SPECIALIZATION)
+    for b in (8, 1):
+        served_accept(b, 15, V, K, device, kernel=twin)
+    torch.cuda.synchronize()
+    print(f"[compile] a twin specialising the scalar pointers on alignment: {compiled_variants(twin)} variant(s) "
+          f"for batch 8 then batch 1 (2 = batch 1 compiled its own)")
+    return int(new != 0)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--small", action="store_true", help="tiny sizes (CPU smoke run)")
@@ -588,6 +660,8 @@ def main(argv=None) -> int:
         failures += check_draft_path(args, sizes, cfg, mods, device, dtype)
         # 5. The plugin's per-step tails, captured and replayed.
         failures += check_graph_tails(args, mods, device)
+    # 6. No chain-accept variant compiled after the start-up warm-up.
+    failures += check_no_compile_after_warm_up(args, device)
     print("PASS" if not failures else f"FAIL ({failures} checks)")
     return 1 if failures else 0
 

@@ -56,6 +56,17 @@ from sglang_domino.accept import Uniforms
 
 DEFAULT_BLOCK = 4096
 
+# What Triton may specialise a compiled variant on. Integers: none (a variant per width or
+# vocabulary would compile while serving). Pointers: Triton compiles a variant per
+# 16-byte alignment of each pointer. The scalar-read ones carry none here, since at batch
+# 1 the step passes views of its buffers ("candidates[:, 1:]", "u[:, n]": a [1, n] slice
+# counts as contiguous) whose addresses are not 16-byte aligned, and the start-up warm-up
+# (fresh tensors) would not have built that variant. The tile-read ones (the vocabulary
+# and pool rows) keep their alignment for vector loads: `_tiles_aligned` copies a
+# misaligned one, so the kernel only ever sees the aligned variant.
+NO_VALUE_SPECIALIZATION = ("n", "V", "K", "pool_stride")
+NO_ALIGNMENT_SPECIALIZATION = ("draft_ptr", "q_draft_ptr", "u_steps_ptr", "u_final_ptr", "accepted_ptr", "next_ptr")
+
 
 @triton.jit
 def _pool_tile(pool, q_row, row, s, offs, K, V):
@@ -81,7 +92,7 @@ def _residual(p, q_first_row, idx, m, sub_first, drop, d_j, POINT_MASS: tl.const
 
 
 # n == 1 or K == 1 must not become constexprs: j and the counters are loop-carried.
-@triton.jit(do_not_specialize=["n", "V", "K", "pool_stride"])
+@triton.jit(do_not_specialize=NO_VALUE_SPECIALIZATION, do_not_specialize_on_alignment=NO_ALIGNMENT_SPECIALIZATION)
 def _chain_accept_kernel(draft_ptr, q_draft_ptr, q_first_ptr, pool_ptr, q_rest_ptr, p_ptr, u_steps_ptr, u_final_ptr,
                          accepted_ptr, next_ptr, n, V, K, pool_stride,
                          POINT_MASS: tl.constexpr, BLOCK: tl.constexpr):
@@ -181,6 +192,13 @@ def _chain_accept_kernel(draft_ptr, q_draft_ptr, q_first_ptr, pool_ptr, q_rest_p
     tl.store(next_ptr + req, nxt.to(tl.int64))
 
 
+def _tiles_aligned(t: torch.Tensor) -> torch.Tensor:
+    """`t` as the kernel's tile loads want it: contiguous and 16-byte aligned (a copy when
+    it is not; the caching allocator aligns every block it hands out)."""
+    t = t.contiguous()
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
 def _check_shape(name: str, t: torch.Tensor, expected: tuple) -> None:
     if tuple(t.shape) != tuple(expected):
         raise ValueError(f"{name}: expected shape {tuple(expected)}, got {tuple(t.shape)}")
@@ -255,20 +273,23 @@ def accept_chain(draft_tokens: torch.Tensor, q_draft: Optional[torch.Tensor], q_
     if b == 0:
         return accepted, nxt
     f32 = dict(device=device, dtype=torch.float32)
+    # Pointers a program does not read still take part in the variant's key: fresh
+    # (aligned) placeholders of the right dtype, so no caller's view changes it.
     if point_mass:
-        q_d = q_f = q_r = u_steps          # unused by the POINT_MASS program
-        pool = draft
+        q_d = q_f = q_r = torch.empty(1, **f32)   # unused by the POINT_MASS program
+        pool = torch.empty(1, dtype=torch.int64, device=device)
     else:
         q_d = q_draft.to(**f32).contiguous()
-        q_f = q_first.to(**f32).contiguous()
+        q_f = _tiles_aligned(q_first.to(**f32))
         if n > 1:
             pool = pool_ids.to(device=device, dtype=torch.int64)
-            if pool.stride(-1) != 1:
-                pool = pool.contiguous()   # arange(V).expand(b, V) keeps its stride-0 rows
-            q_r = q_rest.to(**f32).contiguous()
-        else:
-            pool, q_r = draft, q_d         # unused: no pool row when n = 1 (q_rest may be empty)
-    _chain_accept_kernel[(b,)](draft, q_d, q_f, pool, q_r, target_probs, u_steps, u_final, accepted, nxt,
+            if pool.stride(-1) != 1 or pool.data_ptr() % 16:
+                pool = _tiles_aligned(pool)   # arange(V).expand(b, V) keeps its stride-0 rows
+            q_r = _tiles_aligned(q_rest.to(**f32))
+        else:                               # unused: no pool row when n = 1 (q_rest may be empty)
+            pool, q_r = torch.empty(1, dtype=torch.int64, device=device), torch.empty(1, **f32)
+    probs = _tiles_aligned(target_probs)     # a copy only for a misaligned view (it is clobbered anyway)
+    _chain_accept_kernel[(b,)](draft, q_d, q_f, pool, q_r, probs, u_steps, u_final, accepted, nxt,
                                n, V, K, pool.stride(0), POINT_MASS=point_mass, BLOCK=block, num_warps=num_warps)
     return accepted, nxt
 

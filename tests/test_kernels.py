@@ -133,3 +133,70 @@ def test_chain_accept_kernel_checks_shapes():
         accept_chain(drafts, None, q_f, None, q_r, p, u)
     with pytest.raises(ValueError, match=r"target_probs: expected contiguous float32"):
         accept_chain(drafts, None, None, None, None, p.double(), u)
+
+
+def _variant_keys(monkeypatch, *, aligned_scalars: bool = True) -> list:
+    """Record, instead of launching, the key Triton picks a compiled chain-accept variant
+    by (its own binder over the kernel's signature and specialisation options)."""
+    from triton.backends.compiler import BaseBackend
+    from triton.runtime import jit
+
+    from sglang_domino.kernels import chain_accept as ca
+
+    twin = jit.JITFunction(ca._chain_accept_kernel.fn,   # a Recorder of an earlier call keeps .fn do_not_specialize=ca.NO_VALUE_SPECIALIZATION,
+                           do_not_specialize_on_alignment=ca.NO_ALIGNMENT_SPECIALIZATION if aligned_scalars else ())
+    binder = jit.create_function_from_signature(twin.signature, twin.params, BaseBackend)
+    keys = []
+
+    class Recorder:
+        fn = staticmethod(twin.fn)
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: keys.append(str(binder(*args, **kwargs)[1]))
+
+    monkeypatch.setattr(ca, "_chain_accept_kernel", Recorder())
+    return keys
+
+
+@pytest.mark.parametrize("b", [1, 3])
+def test_chain_accept_served_views_use_the_variant_the_warm_up_built(monkeypatch, b):
+    """A served q-rule step passes views of its buffers (`candidates[:, 1:]`, `u[:, n]`);
+    at batch 1 they are contiguous but not 16-byte aligned. The start-up warm-up launches
+    on fresh tensors; the served call must land on the variant it built, or Triton compiles
+    one in the middle of serving (issue 45)."""
+    from sglang_domino.sglang.warmup import _warm_chain_accept
+
+    n, V, K = 15, 4096, 64
+    keys = _variant_keys(monkeypatch)
+    _warm_chain_accept(n, V, K, "cpu")
+    candidates = torch.zeros(b, n + 1, dtype=torch.int64)
+    u = torch.rand(b, n + 1)
+    q = torch.rand(b, n + 1)
+    pool = torch.arange(K).expand(b, K)
+    accept_chain(candidates[:, 1:], q[:, 1:], torch.rand(b, V), pool, torch.rand(b, n - 1, K),
+                 torch.rand(b, n + 1, V), Uniforms(u[:, :n], u[:, n]))
+    assert len(keys) == 2 and keys[0] == keys[1]
+    if b == 1:      # the views are misaligned: a kernel that specialised them would compile anew
+        unaligned = _variant_keys(monkeypatch, aligned_scalars=False)
+        _warm_chain_accept(n, V, K, "cpu")
+        accept_chain(candidates[:, 1:], q[:, 1:], torch.rand(b, V), pool, torch.rand(b, n - 1, K),
+                     torch.rand(b, n + 1, V), Uniforms(u[:, :n], u[:, n]))
+        assert unaligned[0] != unaligned[1]
+
+
+def test_chain_accept_copies_a_misaligned_tile_input(monkeypatch):
+    """The vocabulary and pool rows keep their alignment specialisation: a misaligned view
+    reaches the kernel as an aligned copy (the same variant), and the result is the
+    reference's."""
+    p, drafts, q, q_draft, q_first, pool_ids, q_rest, u = chain_case(2, 4, 64, "pool", seed=3)
+    ref = accept_probs(drafts, q, p.clone(), uniforms=u)
+    flat = torch.zeros(1 + q_first.numel())
+    flat[1:] = q_first.flatten()
+    shifted = flat[1:].view_as(q_first)         # contiguous, 4 bytes past an aligned start
+    assert shifted.is_contiguous() and shifted.data_ptr() % 16
+    out = accept_chain(drafts, q_draft, shifted, pool_ids, q_rest, p.clone(), u, block=16)
+    assert torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])
+    keys = _variant_keys(monkeypatch)
+    for first in (q_first, shifted):
+        accept_chain(drafts, q_draft, first, pool_ids, q_rest, p.clone(), u, block=16)
+    assert keys[0] == keys[1]
