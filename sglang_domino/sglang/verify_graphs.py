@@ -22,6 +22,14 @@ home (`get_batch_sizes_to_capture` only drops sizes for alignment), so a narrowe
 needs at most max_bs x width rows of the process-wide logits buffer, fewer than home's
 max_bs x window: the buffer sized for home holds every width.
 
+Memory. Each extra width costs what its capture allocates after the KV pool was sized:
+a backend of its own (FlashInfer's float workspace, `SGLANG_FLASHINFER_WORKSPACE_SIZE`,
+384 MiB by default, when the home backend has one) and a graph set whose activations hold
+max_bs x width rows, estimated from the reserve 0.5.23 sets aside for the home graphs
+(`arg_groups/memory_hook.py:368`: max_bs x 2 MB at the window) scaled by width / window.
+`estimate_gb` computes it before any capture and the start-up line prints it beside what
+each capture measured; the estimate is not yet subtracted from the KV pool's share.
+
 Without a home decode graph (CPU, `--disable-cuda-graph`) nothing is built: every width
 verifies eagerly on the one backend, whose metadata is planned per batch.
 """
@@ -47,6 +55,24 @@ class VerifyState:
     gb: float = 0.0           # device memory the capture took, GB (0 when unknown)
 
 
+# 0.5.23's reserve for the home decode graphs, per captured batch size (MB): memory_hook.py:368
+HOME_GRAPH_MB_PER_BS = 2.0
+
+
+def estimate_gb(widths: Sequence[int], home: int, max_bs: int, workspace_bytes: int) -> dict[int, float]:
+    """Device memory each width other than `home` is expected to take when captured (GB):
+    its own attention workspace plus a graph set scaled from the home graphs' reserve."""
+    graph_mb = lambda w: HOME_GRAPH_MB_PER_BS * max_bs * w / max(int(home), 1)   # noqa: E731
+    return {int(w): (workspace_bytes / 2**20 + graph_mb(int(w))) / 1024
+            for w in sorted({int(w) for w in widths} - {int(home)}, reverse=True)}
+
+
+def _workspace_bytes(model_runner) -> int:
+    """The home backend's float workspace, which a width's own backend allocates again."""
+    buf = getattr(model_runner.attn_backend, "workspace_buffer", None)
+    return int(buf.numel() * buf.element_size()) if hasattr(buf, "element_size") else 0
+
+
 def home_graph_runner(model_runner) -> Optional[Any]:
     """The target's decode graph runner, None when it has none (eager runner or no graph)."""
     runner = getattr(model_runner, "decode_cuda_graph_runner", None)
@@ -58,10 +84,12 @@ def home_graph_runner(model_runner) -> Optional[Any]:
 class VerifyGraphs:
     """Per-width (attention backend, verify graph runner) pairs of one target model runner."""
 
-    def __init__(self, model_runner, home: int, states: dict[int, VerifyState]):
+    def __init__(self, model_runner, home: int, states: dict[int, VerifyState],
+                 estimate: Optional[dict[int, float]] = None):
         self.model_runner = model_runner
         self.home = int(home)
         self.states = states
+        self.estimate = estimate or {}
 
     @classmethod
     def build(cls, model_runner, home: int, widths: Sequence[int], *,
@@ -78,9 +106,14 @@ class VerifyGraphs:
         states = {int(home): VerifyState(int(home), model_runner.attn_backend, home_runner)}
         runner_cls = type(home_runner)
         steps = getattr(home_runner, "speculative_num_steps", None)
-        for width in sorted({int(w) for w in widths} - {int(home)}, reverse=True):
+        estimate = estimate_gb(widths, home, int(getattr(home_runner, "max_bs", 0) or 0),
+                               _workspace_bytes(model_runner))
+        logger.info("sglang-domino adaptive verify graphs: capturing widths %s, estimated %.2f GB in all {%s}",
+                    list(estimate), sum(estimate.values()),
+                    ", ".join(f"{w}: {gb:.2f} GB" for w, gb in estimate.items()))
+        for width in estimate:
             states[width] = cls._capture(model_runner, runner_cls, width, steps, spec_override, free_memory)
-        graphs = cls(model_runner, home, states)
+        graphs = cls(model_runner, home, states, estimate)
         logger.info("sglang-domino adaptive verify graphs: %s", graphs.describe())
         return graphs
 
@@ -129,8 +162,10 @@ class VerifyGraphs:
                 parts.append(f"{w}: home")
             else:
                 mem = f", {s.gb:.2f} GB" if s.gb else ""
+                if w in self.estimate:
+                    mem += f" (estimated {self.estimate[w]:.2f} GB)"
                 parts.append(f"{w}: {s.seconds:.1f} s{mem}")
         return "captured by width {" + ", ".join(parts) + "}"
 
 
-__all__ = ["VerifyGraphs", "VerifyState", "home_graph_runner"]
+__all__ = ["VerifyGraphs", "VerifyState", "estimate_gb", "home_graph_runner"]

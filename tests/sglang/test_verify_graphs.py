@@ -165,3 +165,24 @@ def test_the_width_switch_swaps_the_target_graphs_with_the_worker_state_and_rest
     assert model_runner.attn_backend == ("backend", HOME) and replays(model_runner, HOME)
     with switch.at(HOME):   # home: nothing swapped
         assert model_runner.decode_cuda_graph_runner is switch.graphs.states[HOME].graph_runner
+
+
+def test_the_memory_estimate_follows_the_widths_captured(caplog):
+    """Each width other than home is estimated before capture (its own workspace and a graph
+    set scaled by width from 0.5.23's home reserve), logged, and kept for the summary."""
+    from sglang_domino.sglang.verify_graphs import HOME_GRAPH_MB_PER_BS, estimate_gb
+
+    ws = 384 << 20
+    est = estimate_gb([16, 8, 4, 1], 16, 64, ws)
+    assert list(est) == [8, 4, 1]                      # home is captured by the target worker
+    assert est[8] == pytest.approx((384 + HOME_GRAPH_MB_PER_BS * 64 * 8 / 16) / 1024)
+    assert est[8] > est[4] > est[1] > 384 / 1024
+    assert estimate_gb([16, 8], 16, 64, ws).keys() == {8}
+    assert estimate_gb([16], 16, 64, ws) == {}
+    model_runner = ModelRunner(Spec(HOME))
+    with caplog.at_level("INFO", logger="sglang_domino.sglang.verify_graphs"):
+        graphs = build(model_runner)
+    assert set(graphs.estimate) == set(WIDTHS) - {HOME}
+    assert graphs.estimate == estimate_gb(WIDTHS, HOME, 32, 0)    # the stub has max_bs 32, no workspace
+    assert f"capturing widths {sorted(set(WIDTHS) - {HOME}, reverse=True)}" in caplog.text
+    assert "estimated" in graphs.describe()
