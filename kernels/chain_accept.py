@@ -192,11 +192,18 @@ def _chain_accept_kernel(draft_ptr, q_draft_ptr, q_first_ptr, pool_ptr, q_rest_p
     tl.store(next_ptr + req, nxt.to(tl.int64))
 
 
+def _misaligned(t: torch.Tensor) -> bool:
+    """Whether a view starts off a 16-byte boundary of its storage (the caching allocator
+    aligns every block it hands out). Read from the view's metadata, never its address:
+    fake tensors have none."""
+    return (t.storage_offset() * t.element_size()) % 16 != 0
+
+
 def _tiles_aligned(t: torch.Tensor) -> torch.Tensor:
     """`t` as the kernel's tile loads want it: contiguous and 16-byte aligned (a copy when
-    it is not; the caching allocator aligns every block it hands out)."""
+    it is not)."""
     t = t.contiguous()
-    return t if t.data_ptr() % 16 == 0 else t.clone()
+    return t.clone() if _misaligned(t) else t
 
 
 def _check_shape(name: str, t: torch.Tensor, expected: tuple) -> None:
@@ -283,7 +290,7 @@ def accept_chain(draft_tokens: torch.Tensor, q_draft: Optional[torch.Tensor], q_
         q_f = _tiles_aligned(q_first.to(**f32))
         if n > 1:
             pool = pool_ids.to(device=device, dtype=torch.int64)
-            if pool.stride(-1) != 1 or pool.data_ptr() % 16:
+            if pool.stride(-1) != 1 or _misaligned(pool):
                 pool = _tiles_aligned(pool)   # arange(V).expand(b, V) keeps its stride-0 rows
             q_r = _tiles_aligned(q_rest.to(**f32))
         else:                               # unused: no pool row when n = 1 (q_rest may be empty)
