@@ -8,10 +8,14 @@ the step's proposal count. The first step at each width would compile them in th
 of serving, on every TP rank (about 0.5-2 s each; adaptive widths are first probed within
 the first few dozen steps). `warm_step_kernels` launches each once per width on a
 one-request dummy batch with the dtypes, strides and table the step uses (the worker's own
-`req_to_token`), so the step finds them compiled.
+`req_to_token`), so the step finds them compiled. On CUDA and ROCm it also runs the step's
+draft-context write (`DFlashWorkerV2._append_target_hidden_to_draft_kv_by_loc`, whose
+prefix-valid KV kernel Triton specialises at width 1 and at multiples of 16) once per width
+on zero rows of commit length 0, which projects them and writes none.
 
 A kernel that fails here is switched off the way 0.5.23 switches it off when it fails in a
-step (its eager path, with a warning), rather than failing the first request.
+step (its eager path, with a warning), rather than failing the first request; a failed
+draft-context write is only logged (upstream's own fallback from its fused path applies).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ def warm_step_kernels(worker, widths: Sequence[int], *, q_rule: bool) -> list[tu
     req_to_token = worker.model_runner.req_to_token_pool.req_to_token
     launched: list[tuple[str, int]] = []
     tic = time.perf_counter()
+    context_write = _context_write_runs_triton(device)
 
     def ints(*shape, dtype=torch.int64):
         return torch.zeros(shape, dtype=dtype, device=device)
@@ -68,10 +73,48 @@ def warm_step_kernels(worker, widths: Sequence[int], *, q_rule: bool) -> list[tu
             _warm_chain_accept(width - 1, int(worker.model_runner.model_config.vocab_size),
                                int(worker.domino_candidate_pool_size), device)
             launched.append(("chain_accept", width))
+        if context_write:
+            try:
+                _warm_context_write(worker, width, device)
+                launched.append(("context_write", width))
+            except Exception as err:   # the step would compile it (or fail) the same way
+                context_write = False
+                logger.warning("sglang-domino warm-up: the DFLASH draft-context write failed at width %d; "
+                               "the step compiles it when it first runs (%s)", width, err)
     if launched:
         logger.info("sglang-domino warm-up: %d Triton launches over widths %s in %.1f s", len(launched),
                     sorted({w for _, w in launched}, reverse=True), time.perf_counter() - tic)
     return launched
+
+
+def _context_write_runs_triton(device) -> bool:
+    """0.5.23's `set_kv_buffer_prefix_valid` runs its Triton kernel only on CUDA and HIP (a
+    ROCm device is "cuda" to torch); elsewhere (CPU, NPU, XPU) it is torch ops with nothing
+    to compile, and start-up there is left as it was."""
+    return torch.device(device).type == "cuda"
+
+
+def _warm_context_write(worker, width: int, device) -> None:
+    """The verify's draft-context write at `width` (`DFlashWorkerV2`'s decode step: the
+    target's captured hidden states, `[bs * width, num_context_features * hidden_size]`,
+    slots `cache_loc_2d [bs, width]`, `commit_lens [bs]`) for one request of zero rows in
+    the pool's padding slot 0 with commit length 0: the projection and every layer's K/V
+    run at the served shape and the prefix-valid kernel is launched with block size
+    `width`, but it returns on every row (row >= commit length), so nothing is written.
+
+    Upstream's function is called, not the worker's override: inside a width-1 step
+    `DominoDFlashWorker`'s keeps the rows for later (`draft_context`), and a warm-up must
+    neither depend on that state nor leave rows behind; off CPU every write the override
+    lets through, and its kept rows' later write, is this function."""
+    from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+
+    draft = worker.draft_model
+    features = int(draft.num_context_features) * int(draft.config.hidden_size)
+    hidden = torch.zeros((width, features), dtype=worker.model_runner.model_config.dtype, device=device)
+    cache_loc = torch.zeros(width, dtype=torch.int64, device=device)
+    DFlashWorkerV2._append_target_hidden_to_draft_kv_by_loc(
+        worker, target_hidden=hidden, cache_loc=cache_loc, positions=torch.zeros_like(cache_loc),
+        cache_loc_2d=cache_loc.view(1, width), commit_lens=torch.zeros(1, dtype=torch.int32, device=device))
 
 
 def _warm_chain_accept(n: int, vocab: int, pool_size: int, device) -> None:
