@@ -395,9 +395,21 @@ class DominoDFlashWorker(DFlashWorkerV2):
         if CHECK_Q_RULE_BLOCK and not torch.equal(drafts, step.draft.tokens.to(drafts.device)):
             # a host sync that waits for the verify: a debugging aid, off by default
             raise RuntimeError("sglang-domino: the verified block is not the sampled rollout's proposals")
-        target_probs = self._target_probs(next_token_logits=next_token_logits, sampling_info=sampling_info,
-                                          draft_input=draft_input, bs=bs, width=width)
-        return self._commit_sampled(candidates, *step.accept(drafts, target_probs))
+        from sglang.srt.model_executor.runner_utils.pool import borrow_graph_pool
+
+        _ = step.params   # the step keeps its parameters: built before the borrowed scope
+        # The full-vocabulary probabilities ([bs, width, V] fp32, ~620 MB at batch 64 and
+        # Qwen3's vocabulary) die with this step: like 0.5.23's own sampled verify
+        # (`dflash_utils.py:980`) they take the graph pool's idle bytes, which the KV pool's
+        # sizing left for such transients. Nothing allocated inside may outlive the scope
+        # (the next replay rewrites those bytes): the two [bs] results leave as copies.
+        with borrow_graph_pool(user="sglang-domino q-rule verify probabilities"):
+            target_probs = self._target_probs(next_token_logits=next_token_logits, sampling_info=sampling_info,
+                                              draft_input=draft_input, bs=bs, width=width)
+            accept_len, bonus = step.accept(drafts, target_probs)
+            del target_probs
+        accept_len, bonus = accept_len.clone(), bonus.clone()
+        return self._commit_sampled(candidates, accept_len, bonus)
 
     def _commit_sampled(self, candidates, accept_len, bonus):
         """`_accept_block`'s result for a sampled verify; every TP rank commits rank 0's

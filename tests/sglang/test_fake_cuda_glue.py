@@ -203,3 +203,51 @@ def test_the_transformers_window_rolls_out_in_the_graph_without_a_host_read(cuda
     assert sampler.out.device.type == "cuda" and sampler.out.dtype == torch.int64
     read = sampler.out[: bs * BLOCK].view(bs, BLOCK)    # upstream's read of a window-wide step
     assert read.shape == (bs, BLOCK)
+
+
+def test_the_q_rules_verify_probabilities_live_only_in_the_borrowed_graph_pool(cuda, monkeypatch):
+    """0.5.23 builds its sampled verify's [bs, width, V] probabilities inside
+    `borrow_graph_pool` (the graph pool's idle bytes, rewritten by the next replay); the q
+    rule does the same: the probabilities and the accept run inside the scope, the step's
+    parameters are built before it, and nothing made inside outlives it (the results
+    leave as copies)."""
+    import contextlib
+    import gc
+    import weakref
+
+    from sglang.srt.model_executor.runner_utils import pool as upstream_pool
+
+    scopes, inside = [], []
+
+    @contextlib.contextmanager
+    def borrow(user):
+        scopes.append((user, "params" in vars(step)))
+        inside.append(True)
+        try:
+            yield
+        finally:
+            inside.pop()
+
+    made = []
+    real_accept = SampledStep.accept
+
+    def accept(self, drafts, target_probs):
+        assert inside, "the accept ran outside the borrowed scope"
+        out = real_accept(self, drafts, target_probs)
+        made.extend(weakref.ref(t) for t in (target_probs, *out))
+        return out
+
+    monkeypatch.setattr(upstream_pool, "borrow_graph_pool", borrow)
+    monkeypatch.setattr(SampledStep, "accept", accept)
+    bs, width = 4, BLOCK
+    info = sampling_info(bs)
+    step = SampledStep(info, torch.full((bs,), 30, device="cuda"), draft=q_draft(bs, width - 1))
+    candidates = torch.cat((torch.randint(0, V, (bs, 1), device="cuda"), step.draft.tokens), dim=1)
+    result = worker()._accept_q_rule(step, candidates=candidates,
+                                     next_token_logits=torch.randn(bs * width, V, device="cuda"),
+                                     sampling_info=info, bs=bs,
+                                     draft_input=SimpleNamespace(max_top_k=20, uniform_top_k_value=20))
+    gc.collect()
+    assert scopes == [("sglang-domino q-rule verify probabilities", True)]
+    assert len(made) == 3 and all(ref() is None for ref in made)
+    assert result[0].shape == result[2].shape == (bs,)
