@@ -56,6 +56,12 @@ def resolve_speculative(server_args, previous):
 
     cfg = resolving_view(server_args)
     _check_rejection_sampling(cfg, _check_draft(cfg))
+    if adaptive is not None and not str(cfg.device).startswith("cpu"):
+        from .verify_graphs import reserve_for_widths
+
+        # the per-width verify graphs are captured after the KV pool is sized
+        reserve_for_widths(server_args, cfg, adaptive.for_window(int(cfg.speculative_num_draft_tokens)).widths,
+                           SOURCE)
 
 
 resolve_speculative._sglang_domino = True

@@ -28,7 +28,11 @@ a backend of its own (FlashInfer's float workspace, `SGLANG_FLASHINFER_WORKSPACE
 max_bs x width rows, estimated from the reserve 0.5.23 sets aside for the home graphs
 (`arg_groups/memory_hook.py:368`: max_bs x 2 MB at the window) scaled by width / window.
 `estimate_gb` computes it before any capture and the start-up line prints it beside what
-each capture measured; the estimate is not yet subtracted from the KV pool's share.
+each capture measured. The KV pool is sized before these captures, from
+`mem_fraction_static`; where 0.5.23 derived that fraction itself (the user gave none, no
+post-capture sizing), argument resolution lowers it by the estimate
+(`reserve_for_widths`), so the captures take memory the pool left, not the activations'
+headroom. A fraction the user gave is kept, and the log names the estimate.
 
 Without a home decode graph (CPU, `--disable-cuda-graph`) nothing is built: every width
 verifies eagerly on the one backend, whose metadata is planned per batch.
@@ -65,6 +69,47 @@ def estimate_gb(widths: Sequence[int], home: int, max_bs: int, workspace_bytes: 
     graph_mb = lambda w: HOME_GRAPH_MB_PER_BS * max_bs * w / max(int(home), 1)   # noqa: E731
     return {int(w): (workspace_bytes / 2**20 + graph_mb(int(w))) / 1024
             for w in sorted({int(w) for w in widths} - {int(home)}, reverse=True)}
+
+
+def lowered_fraction(fraction: float, gpu_mem_mb: float, estimate: dict[int, float]) -> float:
+    """`mem_fraction_static` less the per-width captures' estimate (GB) of a `gpu_mem_mb` card."""
+    return round(float(fraction) - sum(estimate.values()) * 1024 / float(gpu_mem_mb), 3)
+
+
+def reserve_for_widths(server_args, cfg, widths: Sequence[int], source: str) -> Optional[float]:
+    """Argument resolution (main process), DFLASH with adaptive widths on CUDA: lower an
+    auto-derived `mem_fraction_static` by the estimate of the captures `VerifyGraphs.build`
+    will make after the KV pool is sized. Returns the new fraction, None where nothing is
+    lowered (no widths besides the window, no decode graphs, a fraction the user gave,
+    post-capture KV sizing, no known card size)."""
+    from sglang.srt.arg_groups.overrides import declare_resolution, post_capture_kv_sizing_planned
+    from sglang.srt.environ import envs
+    from sglang.srt.model_executor.cuda_graph_config import Backend
+    from sglang.srt.utils.common import get_device_memory_capacity
+
+    window = int(cfg.speculative_num_draft_tokens)
+    decode = cfg.cuda_graph_config.decode
+    if str(cfg.device or "cuda") != "cuda" or decode.backend == Backend.DISABLED or not decode.max_bs:
+        return None
+    estimate = estimate_gb(widths, window, int(decode.max_bs), int(envs.SGLANG_FLASHINFER_WORKSPACE_SIZE.get()))
+    if not estimate or cfg.mem_fraction_static is None:
+        return None
+    total = sum(estimate.values())
+    explicit = (getattr(server_args, "_raw_input", None) or {}).get("mem_fraction_static") is not None
+    if explicit or post_capture_kv_sizing_planned(server_args):
+        logger.info("sglang-domino adaptive verify graphs: widths %s will take about %.2f GB after the KV pool "
+                    "is sized; mem_fraction_static %.3f kept (%s)", list(estimate), total,
+                    cfg.mem_fraction_static, "given" if explicit else "post-capture KV sizing")
+        return None
+    gpu_mem = get_device_memory_capacity(cfg.device)
+    if not gpu_mem:
+        return None
+    fraction = lowered_fraction(cfg.mem_fraction_static, gpu_mem, estimate)
+    declare_resolution(server_args, source, mem_fraction_static=fraction)
+    logger.info("sglang-domino adaptive verify graphs: mem_fraction_static %.3f -> %.3f for widths %s "
+                "(about %.2f GB of captures after the KV pool is sized)", cfg.mem_fraction_static, fraction,
+                list(estimate), total)
+    return fraction
 
 
 def _workspace_bytes(model_runner) -> int:
@@ -168,4 +213,5 @@ class VerifyGraphs:
         return "captured by width {" + ", ".join(parts) + "}"
 
 
-__all__ = ["VerifyGraphs", "VerifyState", "estimate_gb", "home_graph_runner"]
+__all__ = ["VerifyGraphs", "VerifyState", "estimate_gb", "home_graph_runner", "lowered_fraction",
+           "reserve_for_widths"]

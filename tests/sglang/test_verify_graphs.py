@@ -186,3 +186,35 @@ def test_the_memory_estimate_follows_the_widths_captured(caplog):
     assert graphs.estimate == estimate_gb(WIDTHS, HOME, 32, 0)    # the stub has max_bs 32, no workspace
     assert f"capturing widths {sorted(set(WIDTHS) - {HOME}, reverse=True)}" in caplog.text
     assert "estimated" in graphs.describe()
+
+
+def _resolved(fraction=0.85, backend="full", device="cuda", raw=None):
+    decode = SimpleNamespace(backend=backend, max_bs=160)
+    cfg = SimpleNamespace(speculative_num_draft_tokens=HOME, device=device, mem_fraction_static=fraction,
+                          cuda_graph_config=SimpleNamespace(decode=decode))
+    return SimpleNamespace(_raw_input=raw or {}), cfg
+
+
+def test_resolution_takes_the_widths_captures_out_of_the_kv_pools_share(monkeypatch):
+    """The per-width graphs are captured after the KV pool is sized from
+    mem_fraction_static: where 0.5.23 derived the fraction, resolution lowers it by the
+    estimate of the widths captured; a fraction the user gave, a single width, no decode
+    graphs or a CPU server change nothing."""
+    from sglang.srt.arg_groups import overrides
+    from sglang.srt.utils import common
+
+    from sglang_domino.sglang.verify_graphs import estimate_gb, lowered_fraction, reserve_for_widths
+
+    monkeypatch.setattr(common, "get_device_memory_capacity", lambda device=None: 81559.0)
+    monkeypatch.setattr(overrides, "post_capture_kv_sizing_planned", lambda server_args: False)
+    server_args, cfg = _resolved()
+    fraction = reserve_for_widths(server_args, cfg, [HOME, 8, 4, 1], "test")
+    expected = lowered_fraction(0.85, 81559.0, estimate_gb([HOME, 8, 4, 1], HOME, 160, 384 << 20))
+    assert fraction == expected and 0.82 < fraction < 0.84
+    assert server_args._resolved_overrides == [("test", {"mem_fraction_static": expected})]
+    more = reserve_for_widths(*_resolved(), [HOME, 12, 8, 4, 2, 1], "test")
+    assert more < fraction                                     # follows the widths captured
+    assert reserve_for_widths(*_resolved(raw={"mem_fraction_static": 0.85}), [HOME, 8], "test") is None
+    assert reserve_for_widths(*_resolved(), [HOME], "test") is None
+    assert reserve_for_widths(*_resolved(backend="disabled"), [HOME, 8], "test") is None
+    assert reserve_for_widths(*_resolved(device="cpu"), [HOME, 8], "test") is None
