@@ -1,6 +1,6 @@
 """0.5.23's torch_native attention loops against the CPU port's batched attention, served:
-the test bed's plain and Domino servers, each started with `SGLANG_DOMINO_CPU_ATTENTION`
-= upstream and = batched in alternating order, several rounds, output tok/s at each
+the test bed's plain and Domino servers, each started with
+`SGLANG_DOMINO_DEBUG=upstream-cpu-attention` (upstream) and without it (batched) in alternating order, several rounds, output tok/s at each
 concurrency (float32, greedy, the held-out requests).
 
     python -m benchmarks.attention_ab [--rounds 2] [--concurrencies 1 8] [--out DIR]
@@ -33,6 +33,7 @@ from .report import write_markdown
 from .profile_step import add_load_arguments, bench_config, draft_for, render_prompts
 
 MODES = ("upstream", "batched")
+MODE_ENV = {"upstream": {"SGLANG_DOMINO_DEBUG": "upstream-cpu-attention"}, "batched": {}}
 
 
 @contextlib.contextmanager
@@ -40,7 +41,7 @@ def sides(baseline):
     """The two sides, (label, server environment) each: upstream's loops and the batched
     attention; with a baseline revision, the plugin at it and the working tree."""
     if baseline is None:
-        yield [(mode, {"SGLANG_DOMINO_CPU_ATTENTION": mode}) for mode in MODES]
+        yield [(mode, MODE_ENV[mode]) for mode in MODES]
         return
     root = subprocess.run(["git", "rev-parse", "--show-toplevel"], check=True, capture_output=True,
                           text=True).stdout.strip()
@@ -50,8 +51,7 @@ def sides(baseline):
         tree = os.path.join(tmp, rev)
         subprocess.run(["git", "-C", root, "worktree", "add", "--detach", "-q", tree, rev], check=True)
         try:
-            yield [(rev, {"PYTHONPATH": tree, "SGLANG_DOMINO_CPU_ATTENTION": "batched"}),
-                   ("working tree", {"SGLANG_DOMINO_CPU_ATTENTION": "batched"})]
+            yield [(rev, {"PYTHONPATH": tree}), ("working tree", {})]
         finally:
             subprocess.run(["git", "-C", root, "worktree", "remove", "--force", tree], check=False)
 

@@ -79,7 +79,7 @@ OP_RULES: list[tuple[str, tuple[str, ...]]] = [
     ("idle, polling for requests", IDLE_NEEDLES),
     ("sgl_kernel stand-ins", ("kernel_standin.py",)),
     # 0.5.23's per-request loops (torch_native_backend.py) or the plugin's batched SDPA
-    # (cpu/attention.py, SGLANG_DOMINO_CPU_ATTENTION=batched)
+    # (cpu/attention.py, the default; SGLANG_DOMINO_DEBUG=upstream-cpu-attention for upstream's)
     ("attention", ("torch_native_backend.py", "cpu/attention.py", "around_torch_native_forward_extend",
                    "RadixAttention.forward")),
     ("KV cache writes", ("set_kv_buffer", "_store_kv_layer")),

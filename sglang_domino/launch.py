@@ -23,6 +23,8 @@ import urllib.error
 import urllib.request
 from typing import Callable, Optional
 
+from .sglang.environment import DISABLE, SCHEDULER_SETTINGS
+
 HOST = "127.0.0.1"
 # Requests to the server never go through a proxy, whatever the environment says.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -30,8 +32,7 @@ _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 # Variables a server started by the tests or a benchmark must not inherit: the CPU engine
 # switch and the interpreter flag of the test process, the plugin's own per-process settings.
-SERVER_ENV_DROP = ("SGLANG_USE_CPU_ENGINE", "TRITON_INTERPRET", "SGLANG_DOMINO_DISABLE",
-                   "SGLANG_DOMINO_SCHEDULER_SETTINGS", "SGLANG_DOMINO_ADAPTIVE",
+SERVER_ENV_DROP = ("SGLANG_USE_CPU_ENGINE", "TRITON_INTERPRET", DISABLE.name, SCHEDULER_SETTINGS.name,
                    "SGLANG_PLUGINS", "SGLANG_PLATFORM", "PYTHONPATH")
 
 

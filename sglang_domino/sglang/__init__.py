@@ -10,24 +10,13 @@ Two entry points (see `pyproject.toml`):
   resolution learns this plugin's options (`resolve.py`).
 
 Every patch of SGLang is declared in `hooks.py`; what resolution decides reaches the
-schedulers through `settings.py`. `SGLANG_DOMINO_DISABLE=1` turns the worker and every hook
-of the general entry point off (upstream behaviour); the CPU switch stays.
+schedulers through `settings.py`; the environment variables the plugin reads are the
+table of `environment.py`. `SGLANG_DOMINO_DISABLE=1` turns the worker and every hook of the
+general entry point off (upstream behaviour); the CPU switch stays.
 
 Importing this package imports nothing from SGLang.
 """
 
-import os
+from .environment import disabled as plugin_disabled
 
-DISABLE_ENV = "SGLANG_DOMINO_DISABLE"
-# Opt-in: verify window of the Transformers backend for `shift_label` Domino drafts
-# (draft block B, B proposals, B + 1 verified). Set by the user (`=1`).
-HF_WINDOW_ENV = "SGLANG_DOMINO_HF_WINDOW"
-
-
-def env_flag(name: str) -> bool:
-    """A user-facing boolean environment variable (`1`, `true`, `yes`, `on`)."""
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
-
-
-def plugin_disabled() -> bool:
-    return env_flag(DISABLE_ENV)
+__all__ = ["plugin_disabled"]

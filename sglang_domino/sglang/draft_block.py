@@ -4,7 +4,7 @@ Upstream builds the draft batch as wide as the verify window and runs the draft 
 on it. Three modes need another width (`DominoDFlashWorker` sets them up):
   * b8: draft block B wider than the window W. The block-B draft runs whole; its first
     W - 1 proposals are verified, so the target computes W positions per request.
-  * the Transformers window (`SGLANG_DOMINO_HF_WINDOW=1`): W = B + 1 for a `shift_label`
+  * the Transformers window (`--speculative-num-draft-tokens` B + 1): W = B + 1 for a `shift_label`
     Domino draft; the rollout proposes B tokens from slots 0..B-1.
   * `--speculative-adaptive`: every width below the block; width 1 drafts nothing.
 """

@@ -71,7 +71,7 @@ def rollout_modules(sampler) -> dict:
 
 
 class WindowProposals:
-    """The Transformers window (`SGLANG_DOMINO_HF_WINDOW=1`: a window of B + 1 over a
+    """The Transformers window (`--speculative-num-draft-tokens` B + 1: a window of B + 1 over a
     `shift_label` Domino draft's block of B): the window verifies B proposals, from slots
     0..B-1, where 0.5.23's greedy sampler makes B - 1. This runs upstream's greedy rollout
     in the draft graph over the block's hidden states padded to the window, and lays out B

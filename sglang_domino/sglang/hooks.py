@@ -86,7 +86,7 @@ CPU_DISAGGREGATION = Group("cpu disaggregation", Moment.SCHEDULER_START, "schedu
 PENALTIES = Group("penalties", Moment.WORKER_INIT, "schedulers", "always")
 ADAPTIVE_METRICS = Group("adaptive metrics", Moment.WORKER_INIT, "schedulers", "`--speculative-adaptive`")
 CPU_ATTENTION = Group("cpu attention", Moment.SCHEDULER_START, "model-running processes",
-                      "`--device cpu`, unless SGLANG_DOMINO_CPU_ATTENTION=upstream")
+                      "`--device cpu`, unless SGLANG_DOMINO_DEBUG=upstream-cpu-attention")
 CPU_FORWARD = Group("cpu compiled forward", Moment.SCHEDULER_START, "model-running processes",
                     "`--device cpu` with `--enable-torch-compile`")
 

@@ -15,7 +15,7 @@ publishes what the schedulers need as one `settings.SchedulerSettings`:
 from __future__ import annotations
 
 from ..config import ARCHITECTURES
-from . import HF_WINDOW_ENV, env_flag, plugin_disabled
+from . import plugin_disabled
 from . import settings as scheduler_settings
 from .checks import draft_architectures, is_own_draft
 
@@ -28,9 +28,9 @@ def resolve_speculative(server_args, previous):
     cfg = resolving_view(server_args)
     if plugin_disabled():
         return previous(server_args)
-    from .cpu.switches import refuse_removed_switches
+    from .environment import refuse_removed
 
-    refuse_removed_switches()
+    refuse_removed()
     _refuse_an_uncompiled_target(cfg)
     if not cfg.speculative_algorithm:
         _refuse_speculative_flags_without_speculation(cfg)
@@ -38,7 +38,7 @@ def resolve_speculative(server_args, previous):
     if str(cfg.speculative_algorithm or "").upper() != "DFLASH":
         return previous(server_args)
 
-    hf_window = env_flag(HF_WINDOW_ENV)
+    hf_window = _transformers_window(cfg)
     scheduler_settings.clear()
     adaptive = _resolve_adaptive(server_args, cfg, hf_window) if cfg.speculative_adaptive else None
     draft_block = _resolve_verify_window(server_args, cfg, hf_window)
@@ -127,6 +127,22 @@ def _refuse_an_uncompiled_target(cfg) -> None:
         refuse_an_uncompiled_target(cfg, target.get("architectures") or ())
 
 
+def _transformers_window(cfg) -> bool:
+    """Whether `--speculative-num-draft-tokens` asks for the Transformers backend's window:
+    the draft block + 1 (B proposals from a B-slot `shift_label` Domino block, B + 1
+    verified). The block is `--speculative-dflash-block-size`, else the draft's own."""
+    num = cfg.speculative_num_draft_tokens
+    if num is None:
+        return False
+    block = cfg.speculative_dflash_block_size
+    if block is None:
+        from .checks import read_draft_config
+
+        draft = read_draft_config(cfg.speculative_draft_model_path, cfg.speculative_draft_model_revision)
+        block = draft.block_size if draft is not None else None
+    return block is not None and int(num) == int(block) + 1
+
+
 def _resolve_verify_window(server_args, cfg, hf_window: bool):
     """The draft block when it differs from the verify window, else None.
 
@@ -172,8 +188,8 @@ def _resolve_adaptive(server_args, cfg, hf_window: bool):
     from ..verify_width import AdaptiveWidthConfig
 
     if hf_window:
-        raise ValueError(f"--speculative-adaptive cannot be combined with {HF_WINDOW_ENV}=1 (a fixed window of "
-                         "draft block + 1); unset one of them")
+        raise ValueError("--speculative-adaptive cannot be combined with a verify window of draft block + 1 "
+                         f"(--speculative-num-draft-tokens {cfg.speculative_num_draft_tokens}): drop one of them")
     if cfg.speculative_draft_window_size is not None:
         raise ValueError(
             f"--speculative-adaptive with DFLASH needs the full draft cache: drop "
@@ -254,14 +270,10 @@ def _hf_window_draft_block(cfg, block, num_draft_tokens) -> int:
     draft = read_draft_config(cfg.speculative_draft_model_path, cfg.speculative_draft_model_revision)
     if draft is None or not draft.is_domino or not draft.shift_label:
         raise ValueError(
-            f"{HF_WINDOW_ENV}=1 needs a Domino draft with dflash_config.shift_label=true "
-            "(B proposals from a B-slot block, B + 1 verified)")
-    draft_block = int(block) if block is not None else int(draft.block_size)
-    if num_draft_tokens is not None and int(num_draft_tokens) not in (draft_block, draft_block + 1):
-        raise ValueError(
-            f"{HF_WINDOW_ENV}=1 verifies draft block + 1 = {draft_block + 1} tokens; "
-            f"--speculative-num-draft-tokens {num_draft_tokens} contradicts it")
-    return draft_block
+            f"--speculative-num-draft-tokens {num_draft_tokens} (the draft block + 1: the Transformers window) "
+            "needs a Domino draft with dflash_config.shift_label=true (B proposals from a B-slot block, B + 1 "
+            "verified); at most the draft block otherwise")
+    return int(block) if block is not None else int(draft.block_size)
 
 
 def _check_draft(cfg):

@@ -7,8 +7,7 @@ plugin resolved travels as one validated JSON document in `SETTINGS_ENV`: writte
 by `resolve.py`, read by the worker and the draft-token sizing hook. Spawned processes
 inherit the environment, which is why an environment variable and not a file.
 
-User-facing switches (`SGLANG_DOMINO_DISABLE`, `SGLANG_DOMINO_HF_WINDOW`) stay plain
-environment variables set by the user; this channel is private to the plugin.
+It is the private row of `environment.TABLE`: never set by hand.
 """
 
 from __future__ import annotations
@@ -19,8 +18,9 @@ from typing import Optional
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..verify_width import AdaptiveWidthConfig
+from .environment import SCHEDULER_SETTINGS
 
-SETTINGS_ENV = "SGLANG_DOMINO_SCHEDULER_SETTINGS"
+SETTINGS_ENV = SCHEDULER_SETTINGS.name
 
 
 class SchedulerSettings(BaseModel):

@@ -44,7 +44,8 @@ from sglang.srt.speculative.draft_worker_common import make_draft_block_spec_inf
 from typing_extensions import override
 
 from ..verify_width import AdaptiveWidth, FixedWidth
-from . import HF_WINDOW_ENV, draft_tail, env_flag, hooks, penalty_state, q_sampler, request_accept, warmup
+from . import draft_tail, hooks, penalty_state, q_sampler, request_accept, warmup
+from .environment import debug
 from . import settings as scheduler_settings
 from .checks import check_draft_against_target, read_draft_config, read_target_config
 from .cpu import dflash as cpu_dflash
@@ -55,9 +56,9 @@ from .sampled_rollout import SampledStep, active_step, sampled_step
 from .verify_graphs import VerifyGraphs
 from .width_switch import StepTimer, WidthSwitch, broadcast_width
 
-# SGLANG_DOMINO_CHECK_Q_RULE_BLOCK=1: each q-rule verify checks that the verified block is
+# SGLANG_DOMINO_DEBUG=q-rule-block: each q-rule verify checks that the verified block is
 # the sampled rollout's proposals (a host sync per step; the e2e tests turn it on)
-CHECK_Q_RULE_BLOCK = env_flag("SGLANG_DOMINO_CHECK_Q_RULE_BLOCK")
+CHECK_Q_RULE_BLOCK = debug("q-rule-block")
 logger = logging.getLogger(__name__)
 
 
@@ -174,7 +175,8 @@ class DominoDFlashWorker(DFlashWorkerV2):
         if draft_block < window and not (self._is_domino and bool(self.draft_model.shift_label)
                                          and window == draft_block + 1):
             raise ValueError(
-                f"{HF_WINDOW_ENV}=1 needs a shift_label Domino draft and a verify window of draft block + 1; "
+                f"a verify window above the draft block (--speculative-num-draft-tokens {window}) needs a "
+                f"shift_label Domino draft and a window of draft block + 1; "
                 f"got draft block {draft_block}, window {window}, domino={self._is_domino}")
         self.draft_model.set_block_size(draft_block)
         # The draft batch's spec info carries its width: the draft attention backend plans

@@ -201,6 +201,8 @@ def spec_args(models, draft: str, width: Width) -> list[str]:
     ]
     if isinstance(width, int):
         args += ["--speculative-num-draft-tokens", str(width)]
+    if width == "hf":
+        args += ["--speculative-num-draft-tokens", str(BLOCK + 1)]
     if width == "adaptive":
         args += ["--speculative-adaptive", "--speculative-adaptive-config", adaptive_config_file(models)]
     return args
@@ -211,7 +213,7 @@ class ServerConfig:
     """One speculative server: `draft` names a checkpoint of the `models` fixture; `width`
     is the verify width: None for the draft block (16), an int for
     `--speculative-num-draft-tokens`, "hf" for the Transformers backend's window (16
-    proposals from the 16-slot block, 17 verified; `env` sets SGLANG_DOMINO_HF_WINDOW=1),
+    proposals from the 16-slot block, 17 verified: `--speculative-num-draft-tokens 17`),
     "adaptive" for `--speculative-adaptive` (a width in {16, 8, 4, 2, 1} per decode step)."""
 
     name: str
@@ -242,7 +244,7 @@ class ServerConfig:
 Q_RULE = ("--speculative-use-rejection-sampling",)
 COMPILED = ("--enable-torch-compile",)
 # the q-rule servers check that every verified block is the sampled rollout's proposals
-Q_RULE_ENV = {"SGLANG_DOMINO_CHECK_Q_RULE_BLOCK": "1"}
+Q_RULE_ENV = {"SGLANG_DOMINO_DEBUG": "q-rule-block"}
 
 # The end-to-end matrix. The width-8 Domino server loads the legacy export of the same
 # draft (DominoDraftModel / causal_v5 / logit_head.*); the "_q" servers verify sampled
@@ -253,7 +255,7 @@ SPEC_CONFIGS = {config.name: config for config in [
     ServerConfig("domino", "domino"),
     ServerConfig("dflash_w8", "dflash", 8),
     ServerConfig("domino_legacy_w8", "domino_legacy", 8),
-    ServerConfig("domino_hf17", "domino", "hf", env={"SGLANG_DOMINO_HF_WINDOW": "1"}),
+    ServerConfig("domino_hf17", "domino", "hf"),
     ServerConfig("domino_q", "domino", flags=Q_RULE, env=Q_RULE_ENV),
     ServerConfig("domino_q_w8", "domino", 8, flags=Q_RULE, env=Q_RULE_ENV),
     ServerConfig("dflash_adaptive", "dflash", "adaptive"),

@@ -102,13 +102,17 @@ def test_resolution_on_cuda_keeps_flashinfer_for_the_draft(sglang_tmp, models):
 
 
 def test_resolution_of_the_transformers_window_option(sglang_tmp, models):
-    hf17, dflash = resolve(sglang_tmp, models, [
-        (models["domino"], ["--speculative-dflash-block-size", "16"]),
-        (models["dflash"], ["--speculative-dflash-block-size", "16"]),
-    ], env={"SGLANG_DOMINO_HF_WINDOW": "1"})
+    """`--speculative-num-draft-tokens 17` over a 16-slot block: the Transformers window
+    (shift_label Domino drafts only); the environment switch that once selected it is
+    refused, its flag named."""
+    window = ["--speculative-dflash-block-size", "16", "--speculative-num-draft-tokens", "17"]
+    hf17, dflash = resolve(sglang_tmp, models, [(models["domino"], window), (models["dflash"], window)])
     assert hf17 == {"ok": True, "num_draft_tokens": 17, "draft_backend": "torch_native", "block": 17,
                     "max_draft": 17, "draft_block": "16", "overlap": False}
     assert not dflash["ok"] and "needs a Domino draft with dflash_config.shift_label=true" in dflash["error"]
+    (old,) = resolve(sglang_tmp, models, [(models["domino"], ["--speculative-dflash-block-size", "16"])],
+                     env={"SGLANG_DOMINO_HF_WINDOW": "1"})
+    assert not old["ok"] and "SGLANG_DOMINO_HF_WINDOW was removed: use --speculative-num-draft-tokens 17" in old["error"]
 
 
 def test_resolution_of_the_adaptive_flag(sglang_tmp, models, tmp_path):
@@ -140,9 +144,9 @@ def test_resolution_of_the_adaptive_flag(sglang_tmp, models, tmp_path):
     (other,) = resolve(sglang_tmp, models, [(dflash2, ["--speculative-dflash-block-size", "16", flag])])
     assert not other["ok"] and "serves DFlash and Domino drafts" in other["error"], other
     assert "['DFlash2DraftModel']" in other["error"]
-    (hf,) = resolve(sglang_tmp, models, [(models["domino"], ["--speculative-dflash-block-size", "16", flag])],
-                    env={"SGLANG_DOMINO_HF_WINDOW": "1"})
-    assert not hf["ok"] and "cannot be combined with SGLANG_DOMINO_HF_WINDOW=1" in hf["error"]
+    (hf,) = resolve(sglang_tmp, models, [(models["domino"], ["--speculative-dflash-block-size", "16", flag,
+                                                              "--speculative-num-draft-tokens", "17"])])
+    assert not hf["ok"] and "cannot be combined with a verify window of draft block + 1" in hf["error"]
     # the width goes from the first TP rank to the others: no rank may sit the step out
     pp, dp = resolve(sglang_tmp, models, [
         (models["domino"], ["--speculative-dflash-block-size", "16", flag, "--pp-size", "2"]),
@@ -374,8 +378,8 @@ def test_enable_torch_compile_on_cpu_refuses_what_it_cannot_compile_and_the_remo
                          params={"cases": [["--model-path", models["target"], *flag]]},
                          SGLANG_DOMINO_CPU_FORWARD="compiled")
     assert not removed["ok"]
-    assert "SGLANG_DOMINO_CPU_FORWARD was removed: the compiled CPU step is switched on by SGLang's own " \
-           "--enable-torch-compile" in removed["error"]
+    assert "SGLANG_DOMINO_CPU_FORWARD was removed: use SGLang's own --enable-torch-compile (with --device cpu)" \
+           in removed["error"]
 
 
 def test_resolution_of_a_cpu_decode_server_keeps_its_retraction_backup_in_host_memory(sglang_tmp, models):

@@ -15,7 +15,7 @@ several requests: 1; a speculative verify or draft block: W; a prefill of equal 
 causal, each row's position (and sliding window). Other batches (prefills of unequal
 lengths, encoder lengths, cross attention) go to upstream's loop unchanged.
 
-`SGLANG_DOMINO_CPU_ATTENTION=upstream` keeps upstream's loops (for side-by-side
+`SGLANG_DOMINO_DEBUG=upstream-cpu-attention` keeps upstream's loops (for side-by-side
 measurements); any other value but `batched` (the default) is refused.
 """
 
@@ -26,19 +26,19 @@ from typing import Optional
 import torch
 from torch.nn.functional import scaled_dot_product_attention
 
-from .switches import choice
+from ..environment import debug
 
-MODE_ENV = "SGLANG_DOMINO_CPU_ATTENTION"
 MODES = ("batched", "upstream")
 
 
 def mode() -> str:
-    return choice(MODE_ENV, MODES)
+    """`batched`, unless `SGLANG_DOMINO_DEBUG` lists `upstream-cpu-attention`."""
+    return "upstream" if debug("upstream-cpu-attention") else "batched"
 
 
 def install() -> bool:
     """Install the `cpu attention` group of `hooks.py` (once per process) unless
-    `SGLANG_DOMINO_CPU_ATTENTION=upstream`; returns whether it is in place."""
+    `SGLANG_DOMINO_DEBUG=upstream-cpu-attention`; returns whether it is in place."""
     if mode() == "upstream":
         return False
     from .. import hooks
@@ -137,4 +137,4 @@ def _uniform(lengths: Optional[torch.Tensor]) -> Optional[int]:
     return first if first > 0 and bool((lengths == first).all()) else None
 
 
-__all__ = ["MODE_ENV", "attend", "around_sdpa_forward_decode", "around_sdpa_forward_extend", "install", "mode"]
+__all__ = ["MODES", "attend", "around_sdpa_forward_decode", "around_sdpa_forward_extend", "install", "mode"]

@@ -4,11 +4,8 @@ The compiled CPU step (the layers of the target and the draft, the draft's conte
 the Domino rollout) is switched on by SGLang's own `--enable-torch-compile` with `--device
 cpu`; its graphs are cached across restarts where SGLang keeps its compile caches
 (`$SGLANG_CACHE_DIR/inductor`; `TORCHINDUCTOR_CACHE_DIR` overrides it). The two environment
-switches that once selected it are refused with a message naming the flag.
-
-A debug switch that stays an environment variable (`SGLANG_DOMINO_CPU_ATTENTION`) has a
-fixed set of values, the first the default; any other value is refused, naming the
-expected ones (a typo must not quietly select the default)."""
+switches that once selected it are refused with a message naming the flag
+(`environment.REMOVED`)."""
 
 from __future__ import annotations
 
@@ -22,8 +19,6 @@ RECOMPILE_LIMIT = 16
 
 
 FLAG = "--enable-torch-compile"
-# environment switches of earlier releases, refused at start-up (`refuse_removed_switches`)
-REMOVED_ENV = ("SGLANG_DOMINO_CPU_FORWARD", "SGLANG_DOMINO_CPU_ROLLOUT")
 CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 
 
@@ -45,16 +40,6 @@ def set_compiled_step() -> None:
 def compiled_step_serving() -> bool:
     """Whether this process serves the compiled CPU step (its models were compiled)."""
     return _Process.compiled
-
-
-def refuse_removed_switches(environ=None) -> None:
-    """A server started with an environment switch of an earlier release is refused, the
-    flag named: the switch would otherwise do nothing, silently."""
-    environ = os.environ if environ is None else environ
-    for name in REMOVED_ENV:
-        if name in environ:
-            raise ValueError(f"{name} was removed: the compiled CPU step is switched on by SGLang's own {FLAG} "
-                             f"(with --device cpu); unset {name}")
 
 
 def cache_dir() -> str:
@@ -83,14 +68,6 @@ def persistent_cache() -> str:
     return path
 
 
-def choice(env: str, values: tuple[str, ...]) -> str:
-    """`env`'s value, lower-cased; `values[0]` when unset or empty."""
-    value = os.environ.get(env, values[0]).strip().lower() or values[0]
-    if value not in values:
-        raise ValueError(f"{env}={value!r}: expected one of {', '.join(values)}")
-    return value
-
-
 def allow_graphs() -> None:
     """Let every compiled function hold RECOMPILE_LIMIT graphs (never lowering the limit)."""
     import torch
@@ -111,6 +88,6 @@ def guarded_inputs(tensors, fresh_strides: bool = False) -> tuple:
                  else t for t in tensors)
 
 
-__all__ = ["CACHE_ENV", "FLAG", "RECOMPILE_LIMIT", "REMOVED_ENV", "allow_graphs", "cache_dir", "choice",
-           "compiled_step", "compiled_step_serving", "guarded_inputs", "persistent_cache", "refuse_removed_switches",
+__all__ = ["CACHE_ENV", "FLAG", "RECOMPILE_LIMIT", "allow_graphs", "cache_dir",
+           "compiled_step", "compiled_step_serving", "guarded_inputs", "persistent_cache",
            "set_compiled_step"]

@@ -117,10 +117,12 @@ def test_bf16_caches_are_read_in_the_query_dtype_as_upstream_does():
 
 
 def test_the_mode_is_read_from_the_environment_and_checked(monkeypatch):
-    monkeypatch.setenv(attention.MODE_ENV, "upstream")
+    monkeypatch.delenv("SGLANG_DOMINO_DEBUG", raising=False)
+    assert attention.mode() == "batched"
+    monkeypatch.setenv("SGLANG_DOMINO_DEBUG", "upstream-cpu-attention")
     assert attention.mode() == "upstream" and attention.install() is False
-    monkeypatch.setenv(attention.MODE_ENV, "fast")
-    with pytest.raises(ValueError, match="SGLANG_DOMINO_CPU_ATTENTION='fast'"):
+    monkeypatch.setenv("SGLANG_DOMINO_DEBUG", "upstream-cpu-attn")
+    with pytest.raises(ValueError, match="SGLANG_DOMINO_DEBUG='upstream-cpu-attn': upstream-cpu-attn unknown"):
         attention.mode()
 
 

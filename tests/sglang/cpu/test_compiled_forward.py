@@ -172,10 +172,12 @@ def test_sglangs_own_flag_switches_the_compiled_step_on_cpu_and_the_old_switches
     assert switches.compiled_step(args("cpu", True))
     assert not switches.compiled_step(args("cpu", False)) and not switches.compiled_step(args("cuda", True))
     assert not cf.install(args("cpu", False))
-    for name in switches.REMOVED_ENV:
+    from sglang_domino.sglang import environment
+
+    for name in ("SGLANG_DOMINO_CPU_FORWARD", "SGLANG_DOMINO_CPU_ROLLOUT"):
         with pytest.raises(ValueError, match=f"{name} was removed: .*--enable-torch-compile .*--device cpu"):
-            switches.refuse_removed_switches({name: "compiled"})
-    switches.refuse_removed_switches({})
+            environment.refuse_removed({name: "compiled"})
+    environment.refuse_removed({})
 
 
 def test_the_compile_cache_is_sglangs_unless_torchs_variable_names_one(monkeypatch, tmp_path):
