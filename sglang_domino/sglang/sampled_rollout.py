@@ -14,7 +14,9 @@ hook). `DominoDFlashWorker._accept_block` then accepts with min(1, p/q)
 With a candidate pool (0 < K < V, upstream's default 2048), proposals 1..n-1 are drawn
 over the pool, as upstream's greedy pool rollout takes its argmax there, and their q is
 kept in pool coordinates [bs, n-1, K], the layout of `sglang_domino.kernels.chain_accept`;
-q_0 is dense [bs, V].
+q_0 is dense [bs, V]. Under tensor parallelism a rank then gathers the first proposal's
+logits and the ranks' pool candidates, not the block's logits [bs, n, V]
+(`rollout_inputs.sharded_rollout_inputs`).
 
 Coins: a request with `sampling_seed` (0.5.23 fills it under
 `--enable-deterministic-inference`) gets coins hashed from (seed, committed length,
@@ -35,9 +37,9 @@ import torch
 import torch.nn.functional as F
 
 from ..accept import Uniforms, accept_probs, sample_inverse_cdf
-from ..config import predicting_slots
 from ..rollout import propose_domino
 from ..sampling import Q_TOP_CAP, DraftQ
+from .rollout_inputs import rollout_inputs
 
 _local = threading.local()
 
@@ -217,53 +219,6 @@ class QPick:
         rest = torch.stack(self.q[1:], dim=1) if len(self.q) > 1 else None
         return QDraft(tokens, torch.stack(self.q_draft, dim=1), self.q[0], self.pool_ids if rest is not None else None,
                       rest)
-
-
-def base_logits(*, draft_hidden, lm_head_weight, vocab_size, shift_label, tp_group=None,
-                lm_head_num_org_padded=None, **_) -> tuple[torch.Tensor, torch.Tensor]:
-    """(z [bs, n, H], base logits [bs, n, V] over the full vocabulary) as upstream's rollout
-    computes them (`domino_greedy_rollout`): the predicting slots of the block
-    (`config.predicting_slots`); a vocabulary-parallel lm_head is all-gathered."""
-    bs, block, hidden = draft_hidden.shape
-    n = block - 1
-    z = draft_hidden[:, predicting_slots(block, shift_label, n)]
-    tp = int(tp_group.world_size) if tp_group is not None else 1
-    local_vocab = int(lm_head_num_org_padded) if tp > 1 else int(vocab_size)
-    weight = lm_head_weight[:local_vocab]
-    local = F.linear(z.to(weight.dtype), weight)                         # [bs, n, local]
-    if tp == 1:
-        return z, local[..., :int(vocab_size)]
-    flat = local.reshape(bs * n, local_vocab).T.contiguous()
-    gathered = torch.empty((tp * local_vocab, bs * n), dtype=local.dtype, device=local.device)
-    tp_group.all_gather_into_tensor(gathered, flat)
-    return z, gathered.T[:, :int(vocab_size)].reshape(bs, n, int(vocab_size))
-
-
-def candidate_pool(base: torch.Tensor, vocab: int, pool_size: int) -> Optional[torch.Tensor]:
-    """Upstream's block-shared pool over base logits [bs, n, V]: the top-K ids of the max
-    over proposals 1..n-1 ([bs, K], unordered); None (the whole vocabulary) when the pool
-    size is 0 or covers it, or when there is only one proposal."""
-    if int(base.shape[1]) > 1 and 0 < pool_size < vocab:
-        return torch.topk(base[:, 1:].amax(dim=1), k=pool_size, dim=-1, sorted=False).indices
-    return None
-
-
-def rollout_inputs(*, draft_hidden, vocab_size, candidate_pool_size, **base_args):
-    """(z [bs, n, H], the first proposal's logits [bs, V], the later ones' [bs, n-1, K or V],
-    the candidate pool [bs, K] or None) from a block's draft hidden states, as upstream's
-    rollout computes them."""
-    z, base = base_logits(draft_hidden=draft_hidden, vocab_size=vocab_size, **base_args)
-    return (z, *split_base(base, int(vocab_size), int(candidate_pool_size)))
-
-
-def split_base(base: torch.Tensor, vocab: int, pool_size: int):
-    """Base logits [bs, n, V] as the rollout reads them: (the first proposal's [bs, V], the
-    later ones' [bs, n-1, K or V], the candidate pool [bs, K] or None)."""
-    pool = candidate_pool(base, vocab, pool_size)
-    rest = base[:, 1:]
-    if pool is not None:
-        rest = rest.gather(2, pool[:, None, :].expand(-1, rest.shape[1], -1))
-    return base[:, 0], rest, pool
 
 
 def q_rollout(params: DraftParams, coins: torch.Tensor, *, draft_hidden, bonus_tokens, target_embedding,

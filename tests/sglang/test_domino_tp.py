@@ -8,12 +8,11 @@ without importing the `sglang` package into the test process."""
 
 from __future__ import annotations
 
-import threading
 
 import pytest
 import torch
 
-from tests.sglang.tp_fakes import H, V, Exchange, FakeGroup, du, rollout_modules
+from tests.sglang.tp_fakes import H, V, du, rollout_modules, run_ranks
 
 
 def _rollout(z, bonus, lm_head, embed, gru, proj, pool, in_graph, **tp):
@@ -23,34 +22,17 @@ def _rollout(z, bonus, lm_head, embed, gru, proj, pool, in_graph, **tp):
 
 
 def _two_rank(z, bonus, lm_head, embed, gru, proj, pool, in_graph):
-    world = 2
-    padded = -(-V // world)
-    exchange = Exchange(world)
-    outs, groups, errors = [None] * world, [], []
+    padded = -(-V // 2)
 
-    def run(rank):
-        try:
-            start = rank * padded
-            num = min(padded, V - start)
-            shard = torch.zeros(padded, H, dtype=lm_head.dtype)
-            shard[:num] = lm_head[start:start + num]
-            group = FakeGroup(exchange, rank)
-            groups.append(group)
-            outs[rank] = _rollout(z, bonus, shard, embed, gru, proj, pool, in_graph, tp_group=group,
-                                  lm_head_org_vocab_start=start, lm_head_num_org=num,
-                                  lm_head_num_org_padded=padded)
-        except Exception as err:  # surfaced below
-            errors.append(err)
-            exchange.barrier.abort()
+    def rank_rollout(rank, group):
+        start = rank * padded
+        num = min(padded, V - start)
+        shard = torch.zeros(padded, H, dtype=lm_head.dtype)
+        shard[:num] = lm_head[start:start + num]
+        return _rollout(z, bonus, shard, embed, gru, proj, pool, in_graph, tp_group=group,
+                        lm_head_org_vocab_start=start, lm_head_num_org=num, lm_head_num_org_padded=padded)
 
-    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    if errors:
-        raise errors[0]
-    return outs, groups
+    return run_ranks(2, rank_rollout)
 
 
 @pytest.mark.parametrize("pool,in_graph,path", [

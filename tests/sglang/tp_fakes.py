@@ -59,6 +59,30 @@ class FakeGroup:
 V, H, G, E = 97, 16, 8, 6  # odd vocab: the last shard is padded
 
 
+def run_ranks(world: int, fn, group_cls=None):
+    """fn(rank, group) on `world` threads sharing one fake group (`group_cls`, FakeGroup by
+    default); their results and groups, the first error raised."""
+    exchange = Exchange(world)
+    outs, groups, errors = [None] * world, [None] * world, []
+
+    def run(rank):
+        try:
+            groups[rank] = (group_cls or FakeGroup)(exchange, rank)
+            outs[rank] = fn(rank, groups[rank])
+        except BaseException as err:   # surfaced below
+            errors.append(err)
+            exchange.barrier.abort()
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    if errors:
+        raise errors[0]
+    return outs, groups
+
+
 def rollout_modules(seed=0):
     """Random (lm_head, embedding, prefix GRU, correction head) of a Domino draft, float64."""
     torch.manual_seed(seed)

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from ...rollout import propose_domino
-from .. import sampled_rollout
+from .. import rollout_inputs, sampled_rollout
 from . import graph_ops
 from .switches import allow_graphs, compiled_step_serving, guarded_inputs
 
@@ -65,7 +65,7 @@ class CompiledRollout:
 
     def _rollout(self, z, base, bonus_tokens, embed_weight, vocab_size: int, candidate_pool_size: int,
                  embedding: int) -> torch.Tensor:
-        first, rest, pool = sampled_rollout.split_base(base, vocab_size, candidate_pool_size)
+        first, rest, pool = rollout_inputs.split_base(base, vocab_size, candidate_pool_size)
         if embedding < 0:
             embed = lambda ids: F.embedding(ids, embed_weight)   # noqa: E731
         else:
@@ -87,7 +87,7 @@ class CompiledRollout:
             # copied with fresh strides: the step's bonus tokens are a column of its [bs, block]
             # ids, and at batch 1 `contiguous()` keeps that stride, which the guards check too
             draft_hidden, bonus_tokens = guarded_inputs((draft_hidden, bonus_tokens), fresh_strides=True)
-            z, base = sampled_rollout.base_logits(draft_hidden=draft_hidden, lm_head_weight=lm_head_weight,
+            z, base = rollout_inputs.base_logits(draft_hidden=draft_hidden, lm_head_weight=lm_head_weight,
                                                   vocab_size=vocab_size, shift_label=shift_label, **base_args)
             z, = guarded_inputs((z,), fresh_strides=True)
             embedding = -1 if embedding_module is None else graph_ops.embedding_index(embedding_module)
