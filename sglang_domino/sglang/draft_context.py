@@ -25,6 +25,10 @@ ending at different steps that was a write (about 2-3 ms on the CPU test bed, al
 fixed cost) every 6-7 steps instead of every 16.
 The written rows are the ones upstream would have written at each step: the same call on
 the same rows, later, so the draft's cache is the same when the draft reads it.
+The same on CPU and on a device (a width-1 step of `decode_step.DecodeStep` either way, or
+0.5.23's step at one token): the kept rows stay where the step made them, kept and written
+by copies, one concatenation and a stable sort, with no host read
+(tests/sglang/test_draft_context.py, tests/sglang/test_width_one_device.py on fake CUDA).
 
 One write's rows are padded to a power of two (`padded_rows`) with rows of commit length 0,
 which the write projects and leaves out. The number of kept rows is almost never the same

@@ -435,11 +435,23 @@ DEPENDS: tuple[Dependency, ...] = (
                "(`draft_context`)",
                params=("target_hidden", "cache_loc", "positions", "cache_loc_2d", "commit_lens")),
     Dependency(f"{_W2}.DFlashWorkerV2.clear_cache_pool", "overridden: kept width-1 rows dropped with the pools"),
-    # -- an adaptive width-1 step as the target's decode step (`decode_step`) -------------
+    # -- an adaptive width-1 step without the draft side (`decode_step`) ------------------
     Dependency(f"{_S}.managers.tp_worker.TpModelWorker.forward_batch_generation",
-               "the width-1 decode step: the target's decode forward of a scheduler batch, its hidden states "
-               "captured for the draft, its KV plan returned, not sampled",
-               params=("batch", "is_verify", "capture_hidden_mode", "return_kv_loc_plan")),
+               "the width-1 step: on CPU the target's decode forward of a scheduler batch, its hidden states "
+               "captured for the draft, its KV plan returned, not sampled; on CUDA the target's verify of a "
+               "prepared one-token batch",
+               params=("batch", "is_verify", "capture_hidden_mode", "return_kv_loc_plan", "forward_batch",
+                       "skip_attn_backend_init")),
+    Dependency(f"{_S}.speculative.dflash_info.DFlashVerifyInput",
+               "the CUDA width-1 step's verify input: the bonus, one token per request",
+               params=("draft_token", "positions", "draft_token_num", "custom_mask", "capture_hidden_mode",
+                       "kv_loc_plan")),
+    Dependency(f"{_S}.speculative.dflash_info.DFlashVerifyInput.prepare_for_verify",
+               "the CUDA width-1 step prepared as upstream prepares a verify (it decides the graph replay)",
+               params=("batch", "target_worker")),
+    Dependency(f"{_S}.speculative.dflash_info_v2.DFlashDraftInputV2",
+               "the CUDA width-1 step's input and host bound, read as upstream's step reads them",
+               attributes=("bonus_tokens", "nxt_kv_lens_cpu", "nxt_kv_lens_sum")),
     Dependency(f"{_S}.managers.schedule_batch.ScheduleBatch",
                "the fields the decode step sets on its copy of the scheduler's batch, and reads",
                attributes=("forward_mode", "input_ids", "out_cache_loc", "seq_lens", "seq_lens_cpu", "seq_lens_sum",

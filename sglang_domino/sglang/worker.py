@@ -8,8 +8,9 @@ bookkeeping, is upstream's, run unchanged:
     hook); the draft run on its own block where the verify window differs
     (`draft_block.DraftBlockRunner`); the verify-width policy (fixed or adaptive).
   * `forward_batch_generation`: each decode step at the width the policy chooses
-    (`width_switch.WidthSwitch`), width 1 as the target's plain decode step where it runs
-    eagerly on CPU (`decode_step`); with the q rule, sampled steps propose from q.
+    (`width_switch.WidthSwitch`), width 1 without the draft side (`decode_step`: the target's
+    decode step on CPU, its one-token verify on CUDA); with the q rule, sampled steps propose
+    from q.
   * `on_verify_complete_cpu`: the adaptive policy's acceptance counts; the proposals
     really verified, for the accept rate in the log (`metrics`).
   * `_append_target_hidden_to_draft_kv_by_loc`, `clear_cache_pool`: an adaptive width-1
@@ -147,17 +148,19 @@ class DominoDFlashWorker(DFlashWorkerV2):
         return DeferredContext(self._write_context)
 
     def _width_one_decode_step(self):
-        """Width-1 steps as plain decode steps (`decode_step`) where width 1 is among the
-        adaptive widths and the target runs eagerly on CPU; None: upstream's verify at one
-        token (the start-up log says why)."""
+        """Width-1 steps without the draft side (`decode_step`: the target's decode step on
+        CPU, its one-token verify on CUDA) where width 1 is among the adaptive widths; None:
+        upstream's step at one token (the start-up log says why)."""
         if 1 not in self.width_policy.widths or not self.width_policy.cfg.decode_step:
             return None
         reason = DecodeStep.why_not(self)
         if reason is not None:
             logger.info("sglang-domino adaptive verify: width-1 steps verify one token (%s)", reason)
             return None
-        logger.info("sglang-domino adaptive verify: width-1 steps run the target's decode path")
-        return DecodeStep(self)
+        step = DecodeStep(self)
+        if not step.on_device:   # on a device DecodeStep logs what its step runs
+            logger.info("sglang-domino adaptive verify: width-1 steps run the target's decode path")
+        return step
 
     def _resolve_draft_block(self, published, adaptive: bool) -> int:
         """`self.block_size` is the verify window, what the scheduler accounts in

@@ -49,8 +49,9 @@ class AdaptiveWidthConfig(BaseModel):
     # width-1 steps write the draft's context when the draft next needs it
     # (`sglang_domino.sglang.draft_context`); False: after every step, as upstream does
     defer_context: bool = True
-    # width-1 steps run the target's decode path (`sglang_domino.sglang.decode_step`) where
-    # the target runs eagerly on CPU; False: upstream's verify at one token, as before
+    # width-1 steps run without the draft side (`sglang_domino.sglang.decode_step`: the
+    # target's decode path on CPU, its one-token verify on CUDA); False: upstream's step at
+    # one token, as before
     decode_step: bool = True
     # for measurements and tests: decode steps at these widths in turn (each one of
     # `widths`); the policy still learns acceptance and costs but does not choose
