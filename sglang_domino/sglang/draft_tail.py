@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import torch
 
+from .rollout_inputs import padded_block, rollout_modules
+
 
 class FirstProposals:
     """A block-wide in-graph sampler seen by a step `width` positions wide."""
@@ -45,29 +47,6 @@ class FirstProposals:
         """`sampler.out` (rows of block - 1 proposals) as rows of width - 1."""
         per_row = int(self.sampler.block_size) - 1
         return self.sampler.out.view(-1, per_row)[:, : self.width - 1].reshape(-1)
-
-
-def padded_block(hidden_states: torch.Tensor, slots: int, width: int) -> torch.Tensor:
-    """The draft graph's hidden states [bs * slots, H] as [bs, width, H]: a window wider than
-    the block gets zero slots at the end, never read (the Transformers window: a
-    `shift_label` rollout reads slots 0..width-2), as `DraftBlockRunner` pads them for the
-    eager rollout."""
-    bs = int(hidden_states.shape[0]) // int(slots)
-    hidden = hidden_states.view(bs, int(slots), -1)
-    if int(width) > int(slots):
-        hidden = torch.cat((hidden, hidden.new_zeros(bs, int(width) - int(slots), hidden.shape[-1])), dim=1)
-    return hidden
-
-
-# the keyword arguments of upstream's `domino_greedy_rollout` that its `_DominoDraftSampler` holds
-ROLLOUT_FIELDS = ("target_embedding", "lm_head_weight", "prefix_gru", "embed_proj", "vocab_size", "shift_label",
-                  "candidate_pool_size", "tp_group", "lm_head_org_vocab_start", "lm_head_num_org",
-                  "lm_head_num_org_padded")
-
-
-def rollout_modules(sampler) -> dict:
-    """Those arguments, read off 0.5.23's greedy Domino sampler."""
-    return {name: getattr(sampler, name) for name in ROLLOUT_FIELDS}
 
 
 class WindowProposals:
@@ -135,5 +114,4 @@ def at_width(sampler, width: int):
     return FirstProposals(block, width)
 
 
-__all__ = ["ROLLOUT_FIELDS", "FirstProposals", "WindowProposals", "at_width", "foldable", "padded_block",
-           "rollout_modules", "widened"]
+__all__ = ["FirstProposals", "WindowProposals", "at_width", "foldable", "widened"]

@@ -23,7 +23,7 @@ from typing import Optional
 
 import torch
 
-from .draft_tail import padded_block, rollout_modules
+from .rollout_inputs import padded_block, rollout_modules
 from .sampled_rollout import DraftParams, QDraft, active_step, draft_coins, q_rollout
 
 logger = logging.getLogger(__name__)

@@ -18,6 +18,29 @@ import torch.nn.functional as F
 from ..config import predicting_slots
 
 
+def padded_block(hidden_states: torch.Tensor, slots: int, width: int) -> torch.Tensor:
+    """The draft graph's hidden states [bs * slots, H] as [bs, width, H]: a window wider than
+    the block gets zero slots at the end, never read (the Transformers window: a
+    `shift_label` rollout reads slots 0..width-2), as `DraftBlockRunner` pads them for the
+    eager rollout."""
+    bs = int(hidden_states.shape[0]) // int(slots)
+    hidden = hidden_states.view(bs, int(slots), -1)
+    if int(width) > int(slots):
+        hidden = torch.cat((hidden, hidden.new_zeros(bs, int(width) - int(slots), hidden.shape[-1])), dim=1)
+    return hidden
+
+
+# the keyword arguments of upstream's `domino_greedy_rollout` that its `_DominoDraftSampler` holds
+ROLLOUT_FIELDS = ("target_embedding", "lm_head_weight", "prefix_gru", "embed_proj", "vocab_size", "shift_label",
+                  "candidate_pool_size", "tp_group", "lm_head_org_vocab_start", "lm_head_num_org",
+                  "lm_head_num_org_padded")
+
+
+def rollout_modules(sampler) -> dict:
+    """Those arguments, read off 0.5.23's greedy Domino sampler."""
+    return {name: getattr(sampler, name) for name in ROLLOUT_FIELDS}
+
+
 def _shard_logits(draft_hidden, lm_head_weight, vocab_size, shift_label, tp, lm_head_num_org_padded):
     """(z [bs, n, H], this rank's base logits [bs, n, local]: its lm_head shard's, padded)."""
     block = int(draft_hidden.shape[1])
