@@ -1,0 +1,123 @@
+"""The seam's vocabulary: how a patch of 0.5.23 is changed (`Kind`), when (`Moment`), the
+install units (`Group`), a row (`Patch`) and a relied-on symbol (`Dependency`). The rows
+themselves are `manifest_patches.PATCHES` and `manifest_depends.DEPENDS`; `hooks.py`
+installs them and is what the rest of the plugin imports. Imports nothing heavy."""
+
+from __future__ import annotations
+
+import enum
+import importlib
+from dataclasses import dataclass
+
+
+class Kind(str, enum.Enum):
+    AROUND = "around"              # HookRegistry: fn(original, *args, **kwargs)
+    AFTER = "after"                # HookRegistry: fn(result, *args, **kwargs)
+    BEFORE = "before"              # HookRegistry: fn(*args, **kwargs)
+    REPLACE = "replace"            # HookRegistry: the function replaced (by-name imports too)
+    RESOLUTION = "resolution"      # register_resolution_hook(step): fn(server_args, previous)
+    CALL = "call"                  # install() calls the implementation once per process
+    SCOPED_GLOBAL = "scoped global"    # a module global swapped while one call runs
+    INSTANCE = "instance"          # a method or attribute of one upstream object
+    STEP_STATE = "step state"      # worker attributes swapped for one decode step
+    IMPORT = "import"              # the import system (sys.meta_path, environment)
+
+
+HOOK_KINDS = (Kind.AROUND, Kind.AFTER, Kind.BEFORE, Kind.REPLACE)
+INSTALLED_BY_GROUP = (*HOOK_KINDS, Kind.RESOLUTION, Kind.CALL)
+
+
+class Moment(str, enum.Enum):
+    PLATFORM_IMPORT = "first `import sglang` (platform entry point)"
+    REGISTER = "plugin entry point `register()`"
+    RESOLUTION = "argument resolution (main process)"
+    SCHEDULER_START = "scheduler start, before the model is built"
+    WORKER_INIT = "`DominoDFlashWorker.__init__`"
+    STEP = "every decode step"
+
+
+@dataclass(frozen=True)
+class Group:
+    """Rows installed together, under one condition."""
+    name: str
+    moment: Moment
+    processes: str
+    when: str
+    apply_now: bool = True  # False: `load_plugins()` applies them right after `register()`
+
+
+EVERY_PROCESS = Group("every process", Moment.REGISTER, "every SGLang process", "plugin enabled", apply_now=False)
+CPU_ENGINE = Group("cpu engine", Moment.REGISTER, "every SGLang process", "`--device cpu` (SGLANG_USE_CPU_ENGINE=1)")
+CPU_STANDIN = Group("cpu stand-in", Moment.SCHEDULER_START, "model-running processes",
+                    "the `sgl_kernel` stand-in is serving")
+CHECKPOINT_COMPAT = Group("checkpoint compat", Moment.WORKER_INIT, "schedulers", "always")
+CPU_DFLASH = Group("cpu dflash", Moment.WORKER_INIT, "schedulers", "the target runs on CPU")
+DOMINO_ROLLOUT = Group("domino rollout", Moment.WORKER_INIT, "schedulers", "a Domino draft")
+B8_RESERVATION = Group("b8 reservation", Moment.WORKER_INIT, "schedulers", "draft block wider than the verify window")
+WORKER = Group("worker", Moment.WORKER_INIT, "schedulers", "as stated per row (done by the worker)")
+STEP = Group("step", Moment.STEP, "schedulers", "as stated per row (done by the worker)")
+RESOLVE = Group("resolve", Moment.RESOLUTION, "main process", "as stated per row")
+PLATFORM = Group("platform", Moment.PLATFORM_IMPORT, "every SGLang process", "`--device cpu`")
+DISAGGREGATION = Group("disaggregation", Moment.SCHEDULER_START, "schedulers",
+                       "`--disaggregation-mode prefill|decode`")
+B8_STATE = Group("b8 state buffers", Moment.SCHEDULER_START, "schedulers",
+                 "DFLASH with a draft block wider than the verify window")
+CPU_DISAGGREGATION = Group("cpu disaggregation", Moment.SCHEDULER_START, "schedulers",
+                           "`--disaggregation-mode prefill|decode` with `--device cpu`")
+PENALTIES = Group("penalties", Moment.WORKER_INIT, "schedulers", "always")
+ADAPTIVE_METRICS = Group("adaptive metrics", Moment.WORKER_INIT, "schedulers", "`--speculative-adaptive`")
+CPU_ATTENTION = Group("cpu attention", Moment.SCHEDULER_START, "model-running processes",
+                      "`--device cpu`, unless SGLANG_DOMINO_DEBUG=upstream-cpu-attention")
+CPU_FORWARD = Group("cpu compiled forward", Moment.SCHEDULER_START, "model-running processes",
+                    "`--device cpu` with `--enable-torch-compile`")
+
+# hybrid replay (issue 21): rows in the `hybrid replay` block of PATCHES
+HYBRID_REPLAY = Group("hybrid replay", Moment.SCHEDULER_START, "schedulers",
+                      "DFLASH with `--enable-linear-replayssm-spec`")
+
+# effective max_running_requests (issue 21): rows in the `running requests` block of PATCHES
+RUNNING_REQUESTS = Group("running requests", Moment.SCHEDULER_START, "schedulers", "plugin enabled")
+
+GROUPS = (EVERY_PROCESS, CPU_ENGINE, CPU_STANDIN, CHECKPOINT_COMPAT, CPU_DFLASH, DOMINO_ROLLOUT, B8_RESERVATION,
+          WORKER, STEP, RESOLVE, PLATFORM, DISAGGREGATION, CPU_DISAGGREGATION, B8_STATE, CPU_ATTENTION, CPU_FORWARD,
+          ADAPTIVE_METRICS, PENALTIES,
+          HYBRID_REPLAY, RUNNING_REQUESTS)
+
+
+@dataclass(frozen=True)
+class Patch:
+    name: str
+    target: str   # upstream symbol; `Class.attr` of an instance attribute; a resolution step's name
+    impl: str     # `module:attr` under sglang_domino.sglang
+    kind: Kind
+    group: Group
+    why: str
+    # parameters of the target the implementation passes or reads by name
+    params: tuple[str, ...] = ()
+    # INSTANCE / STEP_STATE rows: attributes the upstream class sets on its instances
+    # (checked in its source), not class attributes
+    attributes: tuple[str, ...] = ()
+
+    @property
+    def moment(self) -> Moment:
+        return self.group.moment
+
+    def implementation(self):
+        module, attr = self.impl.split(":")
+        obj = importlib.import_module(f"{__package__}.{module}")
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+        return obj
+
+
+@dataclass(frozen=True)
+class Dependency:
+    """An upstream symbol the plugin relies on without changing it."""
+    target: str
+    why: str
+    params: tuple[str, ...] = ()   # parameters the plugin passes or reads by name
+    attributes: tuple[str, ...] = ()
+
+
+_S = "sglang.srt"
+_W2 = f"{_S}.speculative.dflash_worker_v2"
