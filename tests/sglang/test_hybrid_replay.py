@@ -24,6 +24,7 @@ import torch
 from sglang_domino.sglang import hybrid_replay
 from sglang_domino.sglang.cpu import gdn_ops
 from sglang_domino.sglang.cpu import gdn_replay as ref
+from sglang_domino.sglang.cpu import gdn_replay_commit as ref_commit
 
 pytestmark = pytest.mark.sglang
 
@@ -67,9 +68,9 @@ def cpu_kernels(monkeypatch):
     from sglang.srt.layers.attention import hybrid_linear_attn_backend as backend
     from sglang.srt import runtime_context
 
-    monkeypatch.setattr(decode, "commit_gdn_replayssm_spec", ref.commit_gdn_replayssm_spec)
-    monkeypatch.setattr(decode, "commit_gdn_replayssm_circular", ref.commit_gdn_replayssm_circular)
-    monkeypatch.setattr(scatter, "fused_conv_window_scatter_with_mask", ref.fused_conv_window_scatter_with_mask)
+    monkeypatch.setattr(decode, "commit_gdn_replayssm_spec", ref_commit.commit_gdn_replayssm_spec)
+    monkeypatch.setattr(decode, "commit_gdn_replayssm_circular", ref_commit.commit_gdn_replayssm_circular)
+    monkeypatch.setattr(scatter, "fused_conv_window_scatter_with_mask", ref_commit.fused_conv_window_scatter_with_mask)
     monkeypatch.setattr(backend, "scatter_mamba_states_after_mtp_verify", gdn_ops.scatter_mamba_states_after_mtp_verify)
     monkeypatch.setattr(runtime_context, "get_spec", lambda: SimpleNamespace(speculative_num_draft_tokens=WIDTH))
     return backend.HybridLinearAttnBackend.update_mamba_state_after_mtp_verify
@@ -114,7 +115,7 @@ def live_state(replay):
     cache = replay.mamba_cache
     temporal = cache.temporal.clone()
     write_pos, base = replay.replayssm_spec_write_pos.clone(), replay.replayssm_cache_base.clone()
-    ref.commit_gdn_replayssm_circular(
+    ref_commit.commit_gdn_replayssm_circular(
         checkpoint_state=temporal, d_cache=cache.replayssm_d, k_cache=cache.replayssm_k, g_cache=cache.replayssm_g,
         d_residual_cache=None, k_residual_cache=None, state_batch_indices=SLOTS, replay_indices=ROWS,
         write_pos=write_pos, cache_base=base, is_flush=torch.ones_like(replay.replayssm_is_flush),

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from sglang_domino.sglang.cpu import gdn_ops
 from sglang_domino.sglang.cpu import gdn_replay as ref
+from sglang_domino.sglang.cpu import gdn_replay_commit as ref_commit
 
 H, HV, K, V = 1, 2, 16, 16
 L = 16                       # ring length (power of two, >= 2 * window)
@@ -90,8 +91,8 @@ def upstream_module(name):
 
 class Reference:
     spec_decode = staticmethod(ref.gdn_replayssm_spec_decode)
-    commit_spec = staticmethod(ref.commit_gdn_replayssm_spec)
-    commit_circular = staticmethod(ref.commit_gdn_replayssm_circular)
+    commit_spec = staticmethod(ref_commit.commit_gdn_replayssm_spec)
+    commit_circular = staticmethod(ref_commit.commit_gdn_replayssm_circular)
 
 
 class Upstream:
@@ -277,7 +278,7 @@ def test_cursor_advance_matches_triton(fold_every_commit):
     rows = torch.cat([torch.randperm(n, generator=gen)[:n - 2], torch.tensor([NULL])])
     accepted = torch.randint(0, 6, (rows.shape[0],), generator=gen, dtype=torch.int32)
     results = []
-    for fn in (upstream.commit_spec, ref.commit_gdn_replayssm_spec):
+    for fn in (upstream.commit_spec, ref_commit.commit_gdn_replayssm_spec):
         cursors = clone_all([write_pos, cache_base, is_flush])
         fn(*cursors, accepted, rows, L, 4, fold_every_commit=fold_every_commit, null_block_id=NULL)
         results.append(cursors)
@@ -305,7 +306,7 @@ def test_circular_commit_matches_triton(residual, track):
         track_kw = dict(mamba_track_indices=torch.tensor([5, 6, 7, NULL]),
                         mamba_steps_to_track=torch.tensor([1, 0, -1, 2]))
     results = []
-    for fn in (upstream.commit_circular, ref.commit_gdn_replayssm_circular):
+    for fn in (upstream.commit_circular, ref_commit.commit_gdn_replayssm_circular):
         bufs = clone_all([ckpt, write_pos, cache_base, is_flush])
         fn(checkpoint_state=bufs[0], d_cache=d, k_cache=kc, g_cache=gc, d_residual_cache=d_low,
            k_residual_cache=k_low, state_batch_indices=slots, replay_indices=rows, write_pos=bufs[1],
@@ -341,7 +342,7 @@ def test_fold_all_layers_matches_triton(monkeypatch):
     accept = torch.tensor([3, 2, 5, 0], dtype=torch.int32)
     track = dict(mamba_track_indices=torch.tensor([4, 5, NULL, 2]), mamba_steps_to_track=torch.tensor([1, 0, 2, 0]))
     results = []
-    for fn in (upstream.commit_gdn_replayssm_fold_all_layers, ref.commit_gdn_replayssm_fold_all_layers):
+    for fn in (upstream.commit_gdn_replayssm_fold_all_layers, ref_commit.commit_gdn_replayssm_fold_all_layers):
         state = ckpt.clone()
         fn(state, *rings, slots, accept, width, H, null_block_id=NULL, **track)
         results.append([state])
@@ -359,7 +360,7 @@ def test_ring_store_matches_triton_recurrent_verify():
     pool = torch.randn(NUM_SLOTS, HV, V, K, generator=gen) * 0.3
     slots = torch.tensor([2, NULL, 1])
     results = []
-    for fn in (upstream.fused_sigmoid_gating_delta_rule_update, ref.fused_sigmoid_gating_delta_rule_update):
+    for fn in (upstream.fused_sigmoid_gating_delta_rule_update, ref_commit.fused_sigmoid_gating_delta_rule_update):
         rings = [torch.zeros(NUM_SLOTS, HV, ring, V), torch.zeros(NUM_SLOTS, H, ring, K),
                  torch.zeros(NUM_SLOTS, HV, ring), torch.zeros(NUM_SLOTS, HV, ring)]
         state = pool.clone()
@@ -507,7 +508,7 @@ def test_fold_protocol_commit_equals_recurrence(accepted):
     )
     window, qsl = make_window(len(SLOTS), WIDTH, gen)
     q, k, v, a, b = window
-    out = ref.fused_sigmoid_gating_delta_rule_update(
+    out = ref_commit.fused_sigmoid_gating_delta_rule_update(
         A_log=params[0], a=a, dt_bias=params[1], softplus_beta=1.0, softplus_threshold=20.0, q=q[None], k=k[None],
         v=v[None], b=b, initial_state_source=spec_state.temporal[0], initial_state_indices=SLOTS, cu_seqlens=qsl,
         use_qk_l2norm_in_kernel=True, disable_state_update=True, cache_ring=True,
@@ -516,7 +517,7 @@ def test_fold_protocol_commit_equals_recurrence(accepted):
     assert torch.equal(spec_state.temporal[0], ckpt)      # verify writes no state
     expected = expected_step([ckpt[int(s)] for s in SLOTS], window, params, WIDTH)
     accepts = [(accepted + i) % (DRAFTS + 1) for i in range(len(SLOTS))]
-    ref.commit_gdn_replayssm_fold_after_verify(
+    ref_commit.commit_gdn_replayssm_fold_after_verify(
         spec_state=spec_state, state_batch_indices=SLOTS, accept_lens=torch.tensor([x + 1 for x in accepts]),
         last_correct_step_indices=torch.tensor(accepts), src_indices_raw=ROWS)
     for i, (s, acc) in enumerate(zip(SLOTS.tolist(), accepts)):
