@@ -21,6 +21,7 @@ class Kind(str, enum.Enum):
     INSTANCE = "instance"          # a method or attribute of one upstream object
     STEP_STATE = "step state"      # worker attributes swapped for one decode step
     IMPORT = "import"              # the import system (sys.meta_path, environment)
+    PROCESS = "process setting"    # a process-wide setting of a library (torch), set by the code named
 
 
 HOOK_KINDS = (Kind.AROUND, Kind.AFTER, Kind.BEFORE, Kind.REPLACE)
@@ -78,10 +79,14 @@ HYBRID_REPLAY = Group("hybrid replay", Moment.SCHEDULER_START, "schedulers",
 # effective max_running_requests (issue 21): rows in the `running requests` block of PATCHES
 RUNNING_REQUESTS = Group("running requests", Moment.SCHEDULER_START, "schedulers", "plugin enabled")
 
+# process-wide torch settings of the CPU port, set where their code runs (rows of `PATCHES`)
+CPU_PROCESS = Group("cpu process settings", Moment.SCHEDULER_START, "model-running processes",
+                    "as stated per row (done by the code the row names)")
+
 GROUPS = (EVERY_PROCESS, CPU_ENGINE, CPU_STANDIN, CHECKPOINT_COMPAT, CPU_DFLASH, DOMINO_ROLLOUT, B8_RESERVATION,
           WORKER, STEP, RESOLVE, PLATFORM, DISAGGREGATION, CPU_DISAGGREGATION, B8_STATE, CPU_ATTENTION, CPU_FORWARD,
           ADAPTIVE_METRICS, PENALTIES,
-          HYBRID_REPLAY, RUNNING_REQUESTS)
+          HYBRID_REPLAY, RUNNING_REQUESTS, CPU_PROCESS)
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from .manifest import (ADAPTIVE_METRICS, B8_RESERVATION, B8_STATE, CHECKPOINT_COMPAT, CPU_ATTENTION, CPU_DFLASH,
                        CPU_DISAGGREGATION, CPU_ENGINE, CPU_FORWARD, CPU_STANDIN, DISAGGREGATION, DOMINO_ROLLOUT,
-                       EVERY_PROCESS, HYBRID_REPLAY, PENALTIES, PLATFORM, RESOLVE, RUNNING_REQUESTS, STEP, WORKER,
-                       Kind, Patch, _S, _W2)
+                       CPU_PROCESS, EVERY_PROCESS, HYBRID_REPLAY, PENALTIES, PLATFORM, RESOLVE, RUNNING_REQUESTS,
+                       STEP, WORKER, Kind, Patch, _S, _W2)
 
 WIDTH_STATE = (
     "_block_pos_offsets",
@@ -188,6 +188,11 @@ PATCHES: tuple[Patch, ...] = (
           "the target worker of a DominoDFlashWorker: the first verify's width logged (what the target computed "
           "per request); the batch is passed on unchanged",
           params=("forward_batch", "is_verify")),
+    Patch("q_rule_tp_broadcast", f"{_S}.model_executor.model_runner.ModelRunner.forward",
+          "q_sampler:BroadcastProposals", Kind.INSTANCE, WORKER,
+          "the draft runner's forward under TP with the q rule's graph: after a replay of a sampled step, rank 0's "
+          "proposals broadcast to every rank before upstream reads them for the verify",
+          params=("forward_batch",)),
     Patch("draft_block_runner", f"{_S}.model_executor.model_runner.ModelRunner.forward",
           "draft_block:DraftBlockRunner", Kind.INSTANCE, WORKER,
           "the draft runner of a DominoDFlashWorker runs on the draft block when it differs from the verify window",
@@ -263,4 +268,13 @@ PATCHES: tuple[Patch, ...] = (
           "running_requests:after_get_init_info", Kind.AFTER, RUNNING_REQUESTS,
           "`/server_info`'s top-level max_running_requests is the value the scheduler admits after every cap "
           "(the request under requested_max_running_requests); one warning when it is below the request"),
+    # -- process-wide torch settings of the CPU port ---------------------------------------
+    Patch("dynamo_recompile_limit", "torch._dynamo.config.recompile_limit", "cpu.switches:allow_graphs", Kind.PROCESS,
+          CPU_PROCESS, "with --enable-torch-compile: each compiled function of the CPU step may hold 16 graphs "
+          "(never lowered), so no shape the warm-up compiled runs eagerly past torch's default of 8"),
+    Patch("recompile_log", "torch._logging.set_logs", "cpu.compiled_forward:after_load_model", Kind.PROCESS,
+          CPU_PROCESS, "with --enable-torch-compile, after the warm-up: a graph compiled while serving is logged "
+          "with the guard that failed"),
+    Patch("cpu_rank_threads", "torch.set_num_threads", "cpu.parallel:_pin", Kind.PROCESS, CPU_PROCESS,
+          "a CPU rank of a TP / DP server pinned to its share of the cores, its torch threads no more than them"),
 )
