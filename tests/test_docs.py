@@ -43,3 +43,16 @@ def test_relative_links_resolve(page):
         elif anchor and full.endswith(".md") and anchor not in anchors(full):
             broken.append(target)
     assert not broken, f"{page}: {broken}"
+
+
+def test_the_architecture_page_lists_every_module_of_the_plugin():
+    """docs/architecture.md's tables name every module of `sglang_domino/sglang/` and its
+    `cpu/` folder, so the page cannot drift from the tree."""
+    with open(os.path.join(ROOT, "docs", "architecture.md"), encoding="utf-8") as fh:
+        page = fh.read()
+    package = os.path.join(ROOT, "sglang_domino", "sglang")
+    missing = [os.path.relpath(os.path.join(folder, name), package)
+               for folder in (package, os.path.join(package, "cpu"))
+               for name in sorted(os.listdir(folder))
+               if name.endswith(".py") and name != "__init__.py" and f"`{name}`" not in page]
+    assert not missing, missing
