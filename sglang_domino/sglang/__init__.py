@@ -19,4 +19,7 @@ Importing this package imports nothing from SGLang.
 
 from .environment import disabled as plugin_disabled
 
-__all__ = ["plugin_disabled"]
+# the name the plugin's argument-resolution decisions are declared under
+SOURCE = "sglang_domino"
+
+__all__ = ["SOURCE", "plugin_disabled"]

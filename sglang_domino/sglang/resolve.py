@@ -15,11 +15,9 @@ publishes what the schedulers need as one `settings.SchedulerSettings`:
 from __future__ import annotations
 
 from ..config import ARCHITECTURES
-from . import plugin_disabled
+from . import SOURCE, plugin_disabled
 from . import settings as scheduler_settings
 from .checks import draft_architectures, is_own_draft
-
-SOURCE = "sglang_domino"
 
 
 def resolve_speculative(server_args, previous):

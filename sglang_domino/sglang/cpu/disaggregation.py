@@ -23,7 +23,7 @@ servers that run with a disaggregation mode.
 
 from __future__ import annotations
 
-from ..resolve import SOURCE
+from .. import SOURCE
 
 
 def resolve_pd_on_cpu(server_args, previous):
