@@ -10,7 +10,9 @@ file:line in the pinned wheel; `tests/sglang/test_seam.py` checks every row agai
 installed SGLang, one case per row.
 
 The kinds are installed in two ways:
-  * `install(group)` installs the group's rows of the kinds `HookRegistry` applies
+  * `install_moment(moment, context)` installs, at `register()` and at scheduler start,
+    every group of that moment whose predicate (a field of the group) holds of the moment's
+    context; `install(group)` installs the group's rows of the kinds `HookRegistry` applies
     (AROUND, AFTER, BEFORE, REPLACE), the resolution hooks, and runs its CALL rows, once
     per process;
   * the other kinds (a module global swapped for a scope, an instance's method or
@@ -25,6 +27,7 @@ resolved only when installed.
 
 from __future__ import annotations
 
+import importlib
 import pkgutil
 
 # the vocabulary and the groups, read as `hooks.X` by the code that installs a group
@@ -71,6 +74,35 @@ def install(group: Group) -> bool:
     return True
 
 
+def always(_context=None) -> bool:
+    """The predicate of a group installed at every such moment."""
+    return True
+
+
+def _function(spec: str):
+    module, attr = spec.split(":")
+    return getattr(importlib.import_module(f"{__package__}.{module}"), attr)
+
+
+def install_group(group: Group, context=None) -> bool:
+    """Install `group` where its predicate holds of `context`, after its `prepare` (which
+    may refuse what cannot work); returns whether the predicate held (the group is then in
+    place, installed by this call or an earlier one)."""
+    if not group.predicate or not _function(group.predicate)(context):
+        return False
+    if group.prepare:
+        _function(group.prepare)(context)
+    install(group)
+    return True
+
+
+def install_moment(moment: Moment, context=None, processes: str | None = None) -> list[str]:
+    """Every group of `moment` (of `processes`, when given) whose predicate holds of
+    `context`, installed in the manifest's order; the names of those in place."""
+    return [g.name for g in GROUPS if g.moment is moment and g.predicate
+            and (processes is None or g.processes == processes) and install_group(g, context)]
+
+
 def installed() -> dict[str, bool]:
     """For every row installed by `install()` that this process can check: is it live?
     A hook row is live when its function is registered on its target and the target is
@@ -98,4 +130,5 @@ __all__ = ["ADAPTIVE_METRICS", "B8_RESERVATION", "B8_STATE", "CHECKPOINT_COMPAT"
            "CPU_DISAGGREGATION", "CPU_ENGINE", "CPU_FORWARD", "CPU_PROCESS", "CPU_STANDIN", "DEPENDS", "DISAGGREGATION",
            "DOMINO_ROLLOUT", "EVERY_PROCESS", "GROUPS", "HOOK_KINDS", "HYBRID_REPLAY", "INSTALLED_BY_GROUP", "PATCHES",
            "PENALTIES", "PLATFORM", "RESOLVE", "RUNNING_REQUESTS", "STEP", "WIDTH_STATE", "WORKER", "Dependency",
-           "Group", "Kind", "Moment", "Patch", "install", "installed", "resolve_target", "rows"]
+           "Group", "Kind", "Moment", "Patch", "always", "install", "install_group", "install_moment", "installed",
+           "resolve_target", "rows"]

@@ -57,21 +57,23 @@ def enabled(server_args) -> bool:
 
 
 def install_for(server_args) -> bool:
-    """Scheduler start: install the `hybrid replay` group when `enabled(server_args)`;
-    returns whether it is installed. Refuses what cannot work, naming the fix."""
+    """Scheduler start: install the `hybrid replay` group when `enabled(server_args)`
+    (after `prepare`); returns whether it is installed."""
+    from . import hooks
+
+    return hooks.install_group(hooks.HYBRID_REPLAY, server_args)
+
+
+def prepare(server_args) -> None:
+    """Before the group is installed: refuse what cannot work, naming the fix; the commit's
+    folding mode from the server's arguments."""
     global _fold_every_commit
-    if not enabled(server_args):
-        return False
     if str(getattr(server_args, "disaggregation_mode", "null")) == "decode":
         raise ValueError(
             f"{PREFIX}: --enable-linear-replayssm-spec with DFLASH is not wired for a PD decode server yet "
             "(0.5.23's decode request pool for hybrid targets is not checked with the replay rings): drop "
             "--enable-linear-replayssm-spec on the decode server (it then keeps per-position states)")
     _fold_every_commit = not bool(getattr(server_args, "disable_radix_cache", False))
-    from . import hooks
-
-    hooks.install(hooks.HYBRID_REPLAY)
-    return True
 
 
 def check_ring(ring_len: int, window: int) -> None:

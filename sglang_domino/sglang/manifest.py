@@ -39,18 +39,26 @@ class Moment(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Group:
-    """Rows installed together, under one condition."""
+    """Rows installed together, under one condition. A group with a `predicate` is installed
+    by `hooks.install_moment(moment, context)` where the predicate holds of the moment's
+    context (nothing at `register()`, the server's arguments at scheduler start), after its
+    `prepare` runs; both are `module:function` under `sglang_domino.sglang`. A group
+    without one is installed by the code its rows name (the worker's construction)."""
     name: str
     moment: Moment
     processes: str
     when: str
     apply_now: bool = True  # False: `load_plugins()` applies them right after `register()`
+    predicate: str = ""
+    prepare: str = ""
 
 
-EVERY_PROCESS = Group("every process", Moment.REGISTER, "every SGLang process", "plugin enabled", apply_now=False)
-CPU_ENGINE = Group("cpu engine", Moment.REGISTER, "every SGLang process", "`--device cpu` (SGLANG_USE_CPU_ENGINE=1)")
+EVERY_PROCESS = Group("every process", Moment.REGISTER, "every SGLang process", "plugin enabled", apply_now=False,
+                      predicate="hooks:always")
+CPU_ENGINE = Group("cpu engine", Moment.REGISTER, "every SGLang process", "`--device cpu` (SGLANG_USE_CPU_ENGINE=1)",
+                   predicate="cpu.platform:cpu_engine_wanted")
 CPU_STANDIN = Group("cpu stand-in", Moment.SCHEDULER_START, "model-running processes",
-                    "the `sgl_kernel` stand-in is serving")
+                    "the `sgl_kernel` stand-in is serving", predicate="cpu.hybrid:standin_wanted")
 CHECKPOINT_COMPAT = Group("checkpoint compat", Moment.WORKER_INIT, "schedulers", "always")
 CPU_DFLASH = Group("cpu dflash", Moment.WORKER_INIT, "schedulers", "the target runs on CPU")
 DOMINO_ROLLOUT = Group("domino rollout", Moment.WORKER_INIT, "schedulers", "a Domino draft")
@@ -60,24 +68,29 @@ STEP = Group("step", Moment.STEP, "schedulers", "as stated per row (done by the 
 RESOLVE = Group("resolve", Moment.RESOLUTION, "main process", "as stated per row")
 PLATFORM = Group("platform", Moment.PLATFORM_IMPORT, "every SGLang process", "`--device cpu`")
 DISAGGREGATION = Group("disaggregation", Moment.SCHEDULER_START, "schedulers",
-                       "`--disaggregation-mode prefill|decode`")
+                       "`--disaggregation-mode prefill|decode`", predicate="scheduler_start:disaggregated")
 B8_STATE = Group("b8 state buffers", Moment.SCHEDULER_START, "schedulers",
-                 "DFLASH with a draft block wider than the verify window")
+                 "DFLASH with a draft block wider than the verify window", predicate="scheduler_start:draft_block_wider")
 CPU_DISAGGREGATION = Group("cpu disaggregation", Moment.SCHEDULER_START, "schedulers",
-                           "`--disaggregation-mode prefill|decode` with `--device cpu`")
+                           "`--disaggregation-mode prefill|decode` with `--device cpu`",
+                           predicate="scheduler_start:disaggregated_on_cpu")
 PENALTIES = Group("penalties", Moment.WORKER_INIT, "schedulers", "always")
 ADAPTIVE_METRICS = Group("adaptive metrics", Moment.WORKER_INIT, "schedulers", "`--speculative-adaptive`")
 CPU_ATTENTION = Group("cpu attention", Moment.SCHEDULER_START, "model-running processes",
-                      "`--device cpu`, unless SGLANG_DOMINO_DEBUG=upstream-cpu-attention")
+                      "`--device cpu`, unless SGLANG_DOMINO_DEBUG=upstream-cpu-attention",
+                      predicate="cpu.attention:wanted")
 CPU_FORWARD = Group("cpu compiled forward", Moment.SCHEDULER_START, "model-running processes",
-                    "`--device cpu` with `--enable-torch-compile`")
+                    "`--device cpu` with `--enable-torch-compile`", predicate="cpu.switches:compiled_step",
+                    prepare="cpu.switches:prepare_compiled_step")
 
 # hybrid replay (issue 21): rows in the `hybrid replay` block of PATCHES
 HYBRID_REPLAY = Group("hybrid replay", Moment.SCHEDULER_START, "schedulers",
-                      "DFLASH with `--enable-linear-replayssm-spec`")
+                      "DFLASH with `--enable-linear-replayssm-spec`", predicate="hybrid_replay:enabled",
+                      prepare="hybrid_replay:prepare")
 
 # effective max_running_requests (issue 21): rows in the `running requests` block of PATCHES
-RUNNING_REQUESTS = Group("running requests", Moment.SCHEDULER_START, "schedulers", "plugin enabled")
+RUNNING_REQUESTS = Group("running requests", Moment.SCHEDULER_START, "schedulers", "plugin enabled",
+                         predicate="scheduler_start:a_server")
 
 # process-wide torch settings of the CPU port, set where their code runs (rows of `PATCHES`)
 CPU_PROCESS = Group("cpu process settings", Moment.SCHEDULER_START, "model-running processes",

@@ -32,20 +32,13 @@ def register() -> None:
     """Entry point. Idempotent per process."""
     if plugin_disabled():
         return
-    hooks.install(hooks.EVERY_PROCESS)
-    if _cpu_engine():
-        hooks.install(hooks.CPU_ENGINE)
+    # `every process`, and `cpu engine` where SGLang's CPU engine runs
+    hooks.install_moment(hooks.Moment.REGISTER)
 
 
 def hooks_installed() -> dict[str, bool]:
     """Which hook rows of `hooks.py` are live in this process (after `load_plugins()`)."""
     return hooks.installed()
-
-
-def _cpu_engine() -> bool:
-    from .cpu.platform import cpu_engine_on
-
-    return cpu_engine_on()
 
 
 # -- the `every process` hooks -----------------------------------------------------------

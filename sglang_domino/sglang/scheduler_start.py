@@ -13,21 +13,31 @@ from . import settings as scheduler_settings
 
 
 def before_init_parallel_runtime(*args, server_args=None, **kwargs):
-    if server_args is None:
-        return
-    # every server: /server_info reports the max_running_requests the scheduler admits
-    hooks.install(hooks.RUNNING_REQUESTS)
-    if str(server_args.disaggregation_mode) in ("prefill", "decode"):
-        from .cpu.platform import cpu_engine_on
+    """The manifest's scheduler-start groups for schedulers whose predicate holds of the
+    server's arguments (`hooks.install_moment`)."""
+    hooks.install_moment(hooks.Moment.SCHEDULER_START, server_args, processes="schedulers")
 
-        hooks.install(hooks.DISAGGREGATION)
-        if cpu_engine_on():
-            hooks.install(hooks.CPU_DISAGGREGATION)
+
+# -- the predicates of this moment's groups (`manifest.py`) ---------------------------------
+def a_server(server_args) -> bool:
+    """Every server: /server_info reports the max_running_requests the scheduler admits."""
+    return server_args is not None
+
+
+def disaggregated(server_args) -> bool:
+    return server_args is not None and str(server_args.disaggregation_mode) in ("prefill", "decode")
+
+
+def disaggregated_on_cpu(server_args) -> bool:
+    from .cpu.platform import cpu_engine_on
+
+    return disaggregated(server_args) and cpu_engine_on()
+
+
+def draft_block_wider(server_args) -> bool:
+    """DFLASH with a draft block wider than the verify window (b8)."""
+    if server_args is None:
+        return False
     window = server_args.speculative_num_draft_tokens
     draft_block = scheduler_settings.current().draft_block
-    if draft_block and window and int(draft_block) > int(window):
-        hooks.install(hooks.B8_STATE)
-    # DFLASH with --enable-linear-replayssm-spec: replay rollback on a gated delta-net target
-    from . import hybrid_replay
-
-    hybrid_replay.install_for(server_args)
+    return bool(draft_block and window and int(draft_block) > int(window))

@@ -94,3 +94,19 @@ def test_settings_refuse_what_resolution_never_writes(monkeypatch):
     monkeypatch.setenv(settings.SETTINGS_ENV, '{"draft_blok": 16}')
     with pytest.raises(ValidationError, match="draft_blok"):
         settings.current()
+
+
+def test_the_manifest_drives_the_register_and_scheduler_start_installs():
+    """Every group installed at `register()` or at scheduler start carries its predicate (and
+    any preparation) in the manifest, resolvable here; `hooks.install_moment` installs them.
+    The worker's groups are installed by the worker at the points of its construction they
+    need, so they carry none."""
+    driven = (hooks.Moment.REGISTER, hooks.Moment.SCHEDULER_START)
+    for group in hooks.GROUPS:
+        installable = any(p.kind in hooks.INSTALLED_BY_GROUP for p in hooks.rows(group))
+        if group.moment in driven and installable:
+            assert group.predicate, group.name
+            for spec in filter(None, (group.predicate, group.prepare)):
+                assert callable(hooks._function(spec)), spec
+        else:
+            assert not group.predicate and not group.prepare, group.name

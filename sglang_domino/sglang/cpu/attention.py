@@ -36,15 +36,18 @@ def mode() -> str:
     return "upstream" if debug("upstream-cpu-attention") else "batched"
 
 
+def wanted(_context=None) -> bool:
+    """The `cpu attention` group's predicate (`hooks.install_moment`): the batched loops
+    unless `SGLANG_DOMINO_DEBUG=upstream-cpu-attention`."""
+    return mode() == "batched"
+
+
 def install() -> bool:
     """Install the `cpu attention` group of `hooks.py` (once per process) unless
     `SGLANG_DOMINO_DEBUG=upstream-cpu-attention`; returns whether it is in place."""
-    if mode() == "upstream":
-        return False
     from .. import hooks
 
-    hooks.install(hooks.CPU_ATTENTION)
-    return True
+    return hooks.install_group(hooks.CPU_ATTENTION)
 
 
 def attend(query: torch.Tensor, output: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

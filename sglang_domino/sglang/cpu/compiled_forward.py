@@ -51,13 +51,9 @@ NEW_GRAPH = "a new graph"   # logged when a graph is compiled after the warm-up
 def install(server_args) -> bool:
     """Install the `cpu compiled forward` group of `hooks.py` (once per process) where the
     server asks for the compiled step; returns whether it is in place."""
-    if not switches.compiled_step(server_args):
-        return False
     from .. import hooks
 
-    switches.persistent_cache()
-    hooks.install(hooks.CPU_FORWARD)
-    return True
+    return hooks.install_group(hooks.CPU_FORWARD, server_args)
 
 
 def around_capture_decode_graph(original, *args, model_runner=None, **kwargs):

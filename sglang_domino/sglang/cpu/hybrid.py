@@ -34,21 +34,23 @@ def standin_serving() -> bool:
     return bool(getattr(mod, "__sglang_domino_standin__", False))
 
 
+def standin_wanted(_context=None) -> bool:
+    """The `cpu stand-in` group's predicate (`hooks.install_moment`)."""
+    return standin_serving()
+
+
 def install() -> bool:
     """Install the `cpu stand-in` group of `hooks.py` once per process; returns whether
     its replacements are in place."""
-    if not standin_serving():
-        return False
     from .. import hooks
 
-    hooks.install(hooks.CPU_STANDIN)
-    return True
+    return hooks.install_group(hooks.CPU_STANDIN)
 
 
 def before_init_parallel_runtime(*args, **kwargs):
-    install()
-    # every model-running CPU process: the batched torch_native attention
-    from . import attention, compiled_forward
+    """Every model-running CPU process at scheduler start: the groups of the manifest for
+    these processes whose predicate holds (the stand-in's replacements, the batched
+    torch_native attention, the compiled step)."""
+    from .. import hooks
 
-    attention.install()
-    compiled_forward.install(kwargs.get("server_args"))
+    hooks.install_moment(hooks.Moment.SCHEDULER_START, kwargs.get("server_args"), processes="model-running processes")

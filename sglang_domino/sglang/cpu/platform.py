@@ -38,6 +38,11 @@ def cpu_engine_on() -> bool:
     return os.environ.get(CPU_ENGINE_ENV) == "1"
 
 
+def cpu_engine_wanted(_context=None) -> bool:
+    """The `cpu engine` group's predicate (`hooks.install_moment`)."""
+    return cpu_engine_on()
+
+
 def _cpu_requested(argv: list[str]) -> bool:
     if cpu_engine_on():
         return True

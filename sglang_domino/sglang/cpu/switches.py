@@ -68,6 +68,12 @@ def persistent_cache() -> str:
     return path
 
 
+def prepare_compiled_step(_server_args=None) -> None:
+    """Before the `cpu compiled forward` group is installed: the compile cache where a
+    restart finds it (`hooks.install_moment`)."""
+    persistent_cache()
+
+
 def allow_graphs() -> None:
     """Let every compiled function hold RECOMPILE_LIMIT graphs (never lowering the limit)."""
     import torch
@@ -89,5 +95,5 @@ def guarded_inputs(tensors, fresh_strides: bool = False) -> tuple:
 
 
 __all__ = ["CACHE_ENV", "FLAG", "RECOMPILE_LIMIT", "allow_graphs", "cache_dir",
-           "compiled_step", "compiled_step_serving", "guarded_inputs", "persistent_cache",
+           "compiled_step", "compiled_step_serving", "guarded_inputs", "persistent_cache", "prepare_compiled_step",
            "set_compiled_step"]
