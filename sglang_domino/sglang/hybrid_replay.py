@@ -45,7 +45,7 @@ logger = logging.getLogger(__name__)
 
 PREFIX = "sglang-domino hybrid replay"
 
-# set at scheduler start from the server's arguments (`install_for`)
+# set at scheduler start from the server's arguments (`prepare`)
 _fold_every_commit = True
 _first_commit_logged = False
 
@@ -54,14 +54,6 @@ def enabled(server_args) -> bool:
     """DFLASH with `--enable-linear-replayssm-spec`."""
     return bool(getattr(server_args, "enable_linear_replayssm_spec", False)) and \
         str(getattr(server_args, "speculative_algorithm", None) or "").upper() == "DFLASH"
-
-
-def install_for(server_args) -> bool:
-    """Scheduler start: install the `hybrid replay` group when `enabled(server_args)`
-    (after `prepare`); returns whether it is installed."""
-    from . import hooks
-
-    return hooks.install_group(hooks.HYBRID_REPLAY, server_args)
 
 
 def prepare(server_args) -> None:

@@ -56,9 +56,9 @@ class Group:
 EVERY_PROCESS = Group("every process", Moment.REGISTER, "every SGLang process", "plugin enabled", apply_now=False,
                       predicate="hooks:always")
 CPU_ENGINE = Group("cpu engine", Moment.REGISTER, "every SGLang process", "`--device cpu` (SGLANG_USE_CPU_ENGINE=1)",
-                   predicate="cpu.platform:cpu_engine_wanted")
+                   predicate="cpu.platform:cpu_engine_on")
 CPU_STANDIN = Group("cpu stand-in", Moment.SCHEDULER_START, "model-running processes",
-                    "the `sgl_kernel` stand-in is serving", predicate="cpu.hybrid:standin_wanted")
+                    "the `sgl_kernel` stand-in is serving", predicate="cpu.hybrid:standin_serving")
 CHECKPOINT_COMPAT = Group("checkpoint compat", Moment.WORKER_INIT, "schedulers", "always")
 CPU_DFLASH = Group("cpu dflash", Moment.WORKER_INIT, "schedulers", "the target runs on CPU")
 DOMINO_ROLLOUT = Group("domino rollout", Moment.WORKER_INIT, "schedulers", "a Domino draft")
@@ -81,7 +81,7 @@ CPU_ATTENTION = Group("cpu attention", Moment.SCHEDULER_START, "model-running pr
                       predicate="cpu.attention:wanted")
 CPU_FORWARD = Group("cpu compiled forward", Moment.SCHEDULER_START, "model-running processes",
                     "`--device cpu` with `--enable-torch-compile`", predicate="cpu.switches:compiled_step",
-                    prepare="cpu.switches:prepare_compiled_step")
+                    prepare="cpu.switches:persistent_cache")
 
 # hybrid replay (issue 21): rows in the `hybrid replay` block of PATCHES
 HYBRID_REPLAY = Group("hybrid replay", Moment.SCHEDULER_START, "schedulers",

@@ -246,10 +246,11 @@ def test_scheduler_start_installs_only_for_dflash_with_the_flag(monkeypatch):
     args = dict(speculative_algorithm="DFLASH", enable_linear_replayssm_spec=True, disable_radix_cache=True,
                 disaggregation_mode="null")
     monkeypatch.setattr(hybrid_replay, "_fold_every_commit", True)
-    assert hybrid_replay.install_for(SimpleNamespace(**args)) and installed == [hooks.HYBRID_REPLAY]
+    assert hooks.install_group(hooks.HYBRID_REPLAY, SimpleNamespace(**args)) and installed == [hooks.HYBRID_REPLAY]
     assert hybrid_replay._fold_every_commit is False                  # radix cache off: deferred folds
-    assert not hybrid_replay.install_for(SimpleNamespace(**{**args, "enable_linear_replayssm_spec": False}))
-    assert not hybrid_replay.install_for(SimpleNamespace(**{**args, "speculative_algorithm": "EAGLE"}))
+    off = SimpleNamespace(**{**args, "enable_linear_replayssm_spec": False})
+    assert not hooks.install_group(hooks.HYBRID_REPLAY, off)
+    assert not hooks.install_group(hooks.HYBRID_REPLAY, SimpleNamespace(**{**args, "speculative_algorithm": "EAGLE"}))
     with pytest.raises(ValueError, match="PD decode server"):
-        hybrid_replay.install_for(SimpleNamespace(**{**args, "disaggregation_mode": "decode"}))
+        hooks.install_group(hooks.HYBRID_REPLAY, SimpleNamespace(**{**args, "disaggregation_mode": "decode"}))
     assert installed == [hooks.HYBRID_REPLAY]

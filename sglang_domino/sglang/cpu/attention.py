@@ -42,14 +42,6 @@ def wanted(_context=None) -> bool:
     return mode() == "batched"
 
 
-def install() -> bool:
-    """Install the `cpu attention` group of `hooks.py` (once per process) unless
-    `SGLANG_DOMINO_DEBUG=upstream-cpu-attention`; returns whether it is in place."""
-    from .. import hooks
-
-    return hooks.install_group(hooks.CPU_ATTENTION)
-
-
 def attend(query: torch.Tensor, output: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
            req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, kv_lens: torch.Tensor, q_len: int, *,
            scaling=None, enable_gqa: bool = False, causal: bool = False,
@@ -140,4 +132,4 @@ def _uniform(lengths: Optional[torch.Tensor]) -> Optional[int]:
     return first if first > 0 and bool((lengths == first).all()) else None
 
 
-__all__ = ["MODES", "attend", "around_sdpa_forward_decode", "around_sdpa_forward_extend", "install", "mode"]
+__all__ = ["MODES", "wanted", "attend", "around_sdpa_forward_decode", "around_sdpa_forward_extend", "mode"]

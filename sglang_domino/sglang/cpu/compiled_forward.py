@@ -48,14 +48,6 @@ logger = logging.getLogger(__name__)
 NEW_GRAPH = "a new graph"   # logged when a graph is compiled after the warm-up
 
 
-def install(server_args) -> bool:
-    """Install the `cpu compiled forward` group of `hooks.py` (once per process) where the
-    server asks for the compiled step; returns whether it is in place."""
-    from .. import hooks
-
-    return hooks.install_group(hooks.CPU_FORWARD, server_args)
-
-
 def around_capture_decode_graph(original, *args, model_runner=None, **kwargs):
     """`--enable-torch-compile` on CPU makes 0.5.23 build its `CPUGraphRunner` for the decode
     step, which needs the intel_amx attention backend (with the torch_native backend the
@@ -368,4 +360,4 @@ def after_load_model(result, runner, *args, **kwargs):
 
 
 __all__ = ["CompiledDraft", "CompiledLayers", "CompiledTarget", "WARM_BATCH_CAP", "after_load_model",
-           "around_capture_decode_graph", "install", "refusal", "serving_rows", "warm_shapes"]
+           "around_capture_decode_graph", "refusal", "serving_rows", "warm_shapes"]

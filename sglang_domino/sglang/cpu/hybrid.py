@@ -24,7 +24,7 @@ from __future__ import annotations
 import sys
 
 
-def standin_serving() -> bool:
+def standin_serving(_context=None) -> bool:
     import importlib
 
     try:
@@ -32,19 +32,6 @@ def standin_serving() -> bool:
     except ImportError:
         return False
     return bool(getattr(mod, "__sglang_domino_standin__", False))
-
-
-def standin_wanted(_context=None) -> bool:
-    """The `cpu stand-in` group's predicate (`hooks.install_moment`)."""
-    return standin_serving()
-
-
-def install() -> bool:
-    """Install the `cpu stand-in` group of `hooks.py` once per process; returns whether
-    its replacements are in place."""
-    from .. import hooks
-
-    return hooks.install_group(hooks.CPU_STANDIN)
 
 
 def before_init_parallel_runtime(*args, **kwargs):

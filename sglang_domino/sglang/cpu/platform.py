@@ -33,14 +33,10 @@ CPU_ENGINE_ENV = "SGLANG_USE_CPU_ENGINE"
 STANDIN_NAME = "sgl_kernel"
 
 
-def cpu_engine_on() -> bool:
-    """Whether this process runs SGLang's CPU engine (inherited by spawned processes)."""
+def cpu_engine_on(_context=None) -> bool:
+    """Whether this process runs SGLang's CPU engine (inherited by spawned processes); the
+    `cpu engine` group's predicate (`hooks.install_moment`)."""
     return os.environ.get(CPU_ENGINE_ENV) == "1"
-
-
-def cpu_engine_wanted(_context=None) -> bool:
-    """The `cpu engine` group's predicate (`hooks.install_moment`)."""
-    return cpu_engine_on()
 
 
 def _cpu_requested(argv: list[str]) -> bool:

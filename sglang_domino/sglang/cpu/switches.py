@@ -59,19 +59,14 @@ def cache_dir() -> str:
     return os.path.abspath(third_party_cache_defaults()[CACHE_ENV])
 
 
-def persistent_cache() -> str:
+def persistent_cache(_server_args=None) -> str:
     """Point torch's compile cache at `cache_dir()` for this process (before its first
-    compile; SGLang's server entry does the same where it runs first); the directory."""
+    compile; SGLang's server entry does the same where it runs first); the directory. The
+    `cpu compiled forward` group's preparation (`hooks.install_moment`)."""
     path = cache_dir()
     os.environ[CACHE_ENV] = path
     os.makedirs(path, exist_ok=True)
     return path
-
-
-def prepare_compiled_step(_server_args=None) -> None:
-    """Before the `cpu compiled forward` group is installed: the compile cache where a
-    restart finds it (`hooks.install_moment`)."""
-    persistent_cache()
 
 
 def allow_graphs() -> None:
@@ -95,5 +90,5 @@ def guarded_inputs(tensors, fresh_strides: bool = False) -> tuple:
 
 
 __all__ = ["CACHE_ENV", "FLAG", "RECOMPILE_LIMIT", "allow_graphs", "cache_dir",
-           "compiled_step", "compiled_step_serving", "guarded_inputs", "persistent_cache", "prepare_compiled_step",
+           "compiled_step", "compiled_step_serving", "guarded_inputs", "persistent_cache",
            "set_compiled_step"]

@@ -13,6 +13,7 @@ pytest.importorskip("sglang")
 
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend  # noqa: E402
 
+from sglang_domino.sglang import hooks  # noqa: E402
 from sglang_domino.sglang.cpu import attention  # noqa: E402
 
 UPSTREAM_DECODE = TorchNativeAttnBackend._run_sdpa_forward_decode
@@ -120,7 +121,7 @@ def test_the_mode_is_read_from_the_environment_and_checked(monkeypatch):
     monkeypatch.delenv("SGLANG_DOMINO_DEBUG", raising=False)
     assert attention.mode() == "batched"
     monkeypatch.setenv("SGLANG_DOMINO_DEBUG", "upstream-cpu-attention")
-    assert attention.mode() == "upstream" and attention.install() is False
+    assert attention.mode() == "upstream" and hooks.install_group(hooks.CPU_ATTENTION) is False
     monkeypatch.setenv("SGLANG_DOMINO_DEBUG", "upstream-cpu-attn")
     with pytest.raises(ValueError, match="SGLANG_DOMINO_DEBUG='upstream-cpu-attn': upstream-cpu-attn unknown"):
         attention.mode()

@@ -165,13 +165,13 @@ def test_the_target_hands_dflash_the_streams_of_its_captured_layers():
 
 
 def test_sglangs_own_flag_switches_the_compiled_step_on_cpu_and_the_old_switches_are_refused():
-    from sglang_domino.sglang.cpu import compiled_forward as cf
+    from sglang_domino.sglang import hooks
     from sglang_domino.sglang.cpu import switches
 
     args = lambda device, flag: SimpleNamespace(device=device, enable_torch_compile=flag)  # noqa: E731
     assert switches.compiled_step(args("cpu", True))
     assert not switches.compiled_step(args("cpu", False)) and not switches.compiled_step(args("cuda", True))
-    assert not cf.install(args("cpu", False))
+    assert not hooks.install_group(hooks.CPU_FORWARD, args("cpu", False))
     from sglang_domino.sglang import environment
 
     for name in ("SGLANG_DOMINO_CPU_FORWARD", "SGLANG_DOMINO_CPU_ROLLOUT"):

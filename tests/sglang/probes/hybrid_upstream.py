@@ -15,11 +15,11 @@ def probe(params) -> dict:
     from sglang.kernels.ops.attention.fla.fused_norm_gate import FusedRMSNormGated
     from sglang.kernels.ops.attention.fla.layernorm_gated import RMSNorm, rms_norm_ref
 
+    from sglang_domino.sglang import hooks
     from sglang_domino.sglang.cpu import gdn_ops
-    from sglang_domino.sglang.cpu import hybrid as cpu_hybrid
 
     src = inspect.getsource(gdn) + inspect.getsource(gdn_triton)
-    installed = cpu_hybrid.install()
+    installed = hooks.install_group(hooks.CPU_STANDIN)
     pool = torch.zeros(1, 3, 2)
     buf = torch.arange(12.0).reshape(1, 2, 3, 2)
     hybrid.scatter_mamba_states_after_mtp_verify(

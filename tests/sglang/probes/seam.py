@@ -82,15 +82,12 @@ def _install_every_group() -> dict:
     from sglang.srt.plugins import load_plugins
 
     from sglang_domino.sglang import hooks, plugin
-    from sglang_domino.sglang.cpu import hybrid
-
-    from sglang_domino.sglang.cpu import attention
 
     load_plugins()
     plugin.register()  # idempotent
     after_load = hooks.installed()
-    standin = hybrid.install()
-    attention.install()
+    standin = hooks.install_group(hooks.CPU_STANDIN)
+    hooks.install_group(hooks.CPU_ATTENTION)
     for group in (hooks.CHECKPOINT_COMPAT, hooks.CPU_DFLASH, hooks.DOMINO_ROLLOUT, hooks.B8_RESERVATION):
         hooks.install(group)
     again = hooks.install(hooks.CPU_DFLASH)
