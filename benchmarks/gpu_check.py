@@ -61,8 +61,8 @@ from sglang_domino.model import DraftModel
 from sglang_domino.rollout import propose_dflash, propose_domino
 from sglang_domino.sampling import SamplingParams
 # imports nothing from sglang (its seeded-coin hash is lazy, and the check seeds no row)
-from sglang_domino.sglang.q_sampler import QRuleDraftSampler
-from sglang_domino.sglang.sampled_rollout import DraftParams, q_rollout
+from sglang_domino.sglang.sampling.q_sampler import QRuleDraftSampler
+from sglang_domino.sglang.sampling.sampled_rollout import DraftParams, q_rollout
 
 # Qwen3-8B Domino b16 (algorithm reference, section 1.1 / 2.2).
 REAL = dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=5, num_attention_heads=32,
@@ -605,7 +605,7 @@ def check_no_compile_after_warm_up(args, device: torch.device) -> int:
     import triton
 
     from sglang_domino.kernels import chain_accept as ca
-    from sglang_domino.sglang.warmup import _warm_chain_accept
+    from sglang_domino.sglang.step.warmup import _warm_chain_accept
 
     if device.type != "cuda":
         print("[compile] skipped (no CUDA: the interpreter compiles nothing)")

@@ -5,7 +5,7 @@ servers on it, started in alternating order over several rounds (issue 21, part 
 - plain: no speculation;
 - snapshot: DFLASH as 0.5.23 serves it, a recurrent state per verified position (`intermediate_ssm`);
 - replay: DFLASH with `--enable-linear-replayssm-spec --linear-replayssm-cache-len 32` (the plugin's
-  `sglang_domino/sglang/hybrid_replay.py`).
+  `sglang_domino/sglang/serving/hybrid_replay.py`).
 
 All three run with the same `--max-mamba-cache-size` and `--max-running-requests`, float32, greedy,
 the same requests. Measured per server:

@@ -70,7 +70,7 @@ SERVERS = {
 # thread waits on the first at every small op)
 ONE_THREAD = ", 1 thread"
 # the same servers with the compiled CPU step: layers, context write and Domino rollout under
-# torch.compile (`--enable-torch-compile`, sglang_domino/sglang/cpu/compiled_forward.py)
+# torch.compile (`--enable-torch-compile`, sglang_domino/sglang/cpu/compiled/forward.py)
 COMPILED = ", compiled"
 # the plain server in the scheduler's synchronous loop, the loop DFLASH runs on CPU (docs/cpu.md)
 SYNC_LOOP = ", synchronous loop"

@@ -1,4 +1,4 @@
-"""The adaptive verify-width policy's own cost per decode step (`sglang_domino.verify_width`).
+"""The adaptive verify-width policy's own cost per decode step (`sglang_domino.sglang.adaptive`).
 
 `AdaptiveWidth.choose` and `observe_step` run on the scheduler's host thread every decode
 step, so their cost adds to every step. This times both at several batch sizes in the
@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from benchmarks.machine import machine
-from sglang_domino.verify_width import AdaptiveWidth, AdaptiveWidthConfig
+from sglang_domino.sglang.adaptive import AdaptiveWidth, AdaptiveWidthConfig
 
 BATCH_SIZES = (1, 8, 32, 64, 128, 256)
 

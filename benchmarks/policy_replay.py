@@ -33,7 +33,7 @@ import random
 from collections import OrderedDict
 from typing import Optional
 
-from sglang_domino.verify_width import AdaptiveWidth, AdaptiveWidthConfig
+from sglang_domino.sglang.adaptive import AdaptiveWidth, AdaptiveWidthConfig
 
 # ms per decode step = a + b * batch size, per width: least squares over the step laps of an
 # adaptive float32 server on the temperature-1.5 load (2-core Intel Xeon with AMX, 2026-12-04;

@@ -164,7 +164,7 @@ def test_chain_accept_served_views_use_the_variant_the_warm_up_built(monkeypatch
     at batch 1 they are contiguous but not 16-byte aligned. The start-up warm-up launches
     on fresh tensors; the served call must land on the variant it built, or Triton compiles
     one in the middle of serving (issue 45)."""
-    from sglang_domino.sglang.warmup import _warm_chain_accept
+    from sglang_domino.sglang.step.warmup import _warm_chain_accept
 
     n, V, K = 15, 4096, 64
     keys = _variant_keys(monkeypatch)

@@ -16,7 +16,7 @@ ATTN = (f"{SCHED};{RUN};{TARGET};Qwen3Attention.forward (qwen3.py:343);RadixAtte
         "TorchNativeAttnBackend._run_sdpa_forward_decode (torch_native_backend.py:241)")
 LINEAR = f"{SCHED};{RUN};{TARGET};Qwen2MLP.forward (qwen2.py:90);UnquantizedLinearMethod.apply (quantization/unquant.py:614)"
 FBG = "DFlashWorkerV2.forward_batch_generation (dflash_worker_v2.py:{})"
-ROLLOUT = (f"{SCHED};{RUN};{FBG.format(2710)};around_domino_rollout (sglang_domino/sglang/rollout_hook.py:28);"
+ROLLOUT = (f"{SCHED};{RUN};{FBG.format(2710)};around_domino_rollout (sglang_domino/sglang/step/rollout_hook.py:28);"
            "domino_greedy_rollout (domino_utils.py:463);Linear.forward (torch/nn/modules/linear.py:134)")
 VERIFY = f"{SCHED};{RUN};{FBG.format(2875)};{TARGET};UnquantizedLinearMethod.apply (quantization/unquant.py:614)"
 BOOKKEEPING = f"{SCHED};{LOOP};Scheduler.get_next_batch_to_run (scheduler.py:1500)"
@@ -62,11 +62,11 @@ def test_batched_attention_of_the_plugin_is_attention():
 def test_compiled_graphs_are_their_own_bucket_and_attention_inside_them_stays_attention():
     """The opt-in compiled layers: time in the code torch.compile generated is counted as
     such (its frames name no norm or linear), the attention it calls as attention."""
-    graph = (f"{RUN};CompiledTarget.__call__ (sglang_domino/sglang/cpu/compiled_forward.py:220);"
+    graph = (f"{RUN};CompiledTarget.__call__ (sglang_domino/sglang/cpu/compiled/forward.py:220);"
              "_TorchDynamoContext.__call__.<locals>.compile_wrapper (torch/_dynamo/eval_frame.py:1261);"
              "CompiledFxGraph.__call__ (torch/_inductor/output_code.py:828);Runner.call (cm4povmv.py:1658)")
     assert ps.classify(graph.split(";"), ps.OP_RULES) == "compiled graphs (torch.compile), their calls"
-    inside = graph + ";cpu_attention (sglang_domino/sglang/cpu/compiled_forward.py:95);" \
+    inside = graph + ";cpu_attention (sglang_domino/sglang/cpu/compiled/forward.py:95);" \
         "RadixAttention.forward (radix_attention.py:100);attend (sglang_domino/sglang/cpu/attention.py:71)"
     assert ps.classify(inside.split(";"), ps.OP_RULES) == "attention"
 

@@ -1,4 +1,4 @@
-"""The adaptive verify-width policy as a pure unit (`sglang_domino.verify_width`)."""
+"""The adaptive verify-width policy as a pure unit (`sglang_domino.sglang.adaptive`)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import random
 import numpy as np
 import pytest
 
-from sglang_domino.verify_width import (AcceptanceStats, AdaptiveWidth, AdaptiveWidthConfig, FixedWidth, StepCosts,
-                                        choose_width)
+from sglang_domino.sglang.adaptive import (AcceptanceStats, AdaptiveWidth, AdaptiveWidthConfig, FixedWidth,
+                                           StepCosts, choose_width)
 
 WIDTHS = [16, 8, 4, 2, 1]
 
@@ -709,7 +709,7 @@ def test_the_log_compares_expected_and_measured_tokens_per_step():
 
 
 def test_calibration_scales_a_widths_expected_extra_tokens_by_what_its_steps_got():
-    from sglang_domino.verify_width import Calibration
+    from sglang_domino.sglang.adaptive import Calibration
 
     cal = Calibration(decay=1.0)
     assert cal.factor(16) == 1.0 and cal.factors() == {}

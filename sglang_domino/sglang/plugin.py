@@ -15,7 +15,8 @@ from __future__ import annotations
 import argparse
 import logging
 
-from . import hooks, plugin_disabled
+from .seam import hooks
+from . import plugin_disabled
 from . import settings as scheduler_settings
 
 logger = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ def hooks_installed() -> dict[str, bool]:
 # -- the `every process` hooks -----------------------------------------------------------
 def around_create_worker(original, algo, server_args):
     if algo.is_dflash() and not plugin_disabled():
-        from .worker import DominoDFlashWorker  # heavy: lazily, in the scheduler only
+        from .step.worker import DominoDFlashWorker  # heavy: lazily, in the scheduler only
 
         return DominoDFlashWorker
     return original(algo, server_args)

@@ -55,7 +55,7 @@ def resolve_speculative(server_args, previous):
     cfg = resolving_view(server_args)
     _check_rejection_sampling(cfg, _check_draft(cfg))
     if adaptive is not None and not str(cfg.device).startswith("cpu"):
-        from .verify_graphs import reserve_for_widths
+        from .adaptive.verify_graphs import reserve_for_widths
 
         # the per-width verify graphs are captured after the KV pool is sized
         reserve_for_widths(server_args, cfg, adaptive.for_window(int(cfg.speculative_num_draft_tokens)).widths,
@@ -118,7 +118,7 @@ def _refuse_state_flags_for_an_attention_only_target(cfg) -> None:
 def _refuse_an_uncompiled_target(cfg) -> None:
     from .checks import read_target_config
     from .cpu.resolve import refuse_an_uncompiled_target
-    from .cpu.switches import compiled_step
+    from .cpu.compiled.switches import compiled_step
 
     if compiled_step(cfg):
         target = read_target_config(cfg.model_path, getattr(cfg, "revision", None)) or {}
@@ -177,13 +177,13 @@ def _resolve_verify_window(server_args, cfg, hf_window: bool):
 
 def _resolve_adaptive(server_args, cfg, hf_window: bool):
     """`--speculative-adaptive` with DFLASH: a verify width chosen per decode step
-    (`sglang_domino.verify_width`). 0.5.23 supports the flag for EAGLE only and turns it
+    (`sglang_domino.sglang.adaptive`). 0.5.23 supports the flag for EAGLE only and turns it
     off for DFLASH with a warning; here it is declared off for upstream (whose EAGLE
     machinery would read `--speculative-adaptive-config` as EAGLE's) and the validated
     settings go to the schedulers."""
     from sglang.srt.arg_groups.overrides import declare_resolution
 
-    from ..verify_width import AdaptiveWidthConfig
+    from .adaptive import AdaptiveWidthConfig
 
     if hf_window:
         raise ValueError("--speculative-adaptive cannot be combined with a verify window of draft block + 1 "

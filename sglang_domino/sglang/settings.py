@@ -17,7 +17,7 @@ from typing import Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..verify_width import AdaptiveWidthConfig
+from .adaptive import AdaptiveWidthConfig
 from .environment import SCHEDULER_SETTINGS
 
 SETTINGS_ENV = SCHEDULER_SETTINGS.name

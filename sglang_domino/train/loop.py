@@ -19,7 +19,7 @@ from .anchors import Anchors, block_inputs, layer_masks, sample_anchors
 from .config import TrainConfig
 from .data import BatchSchedule, Batch, encode, load_jsonl, truncate
 from .draft_init import draft_config_for, init_weights
-from .loss import (LossOutput, block_targets, cosine_with_warmup, dflash_loss, domino_loss, lambda_base)
+from .loss import LossOutput, block_targets, cosine_with_warmup, dflash_loss, domino_loss, lambda_base
 from .state import latest_checkpoint, load_trainer_state, prune_checkpoints, save_checkpoint, write_summary
 
 

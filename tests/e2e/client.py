@@ -197,7 +197,7 @@ def check_compiled_before_serving(log: str, rollout_blocks: str = "16, 8, 4, 2")
     graph compiled after its warm-up). With TP every rank logs its own."""
     import re
 
-    from sglang_domino.sglang.cpu.compiled_forward import NEW_GRAPH
+    from sglang_domino.sglang.cpu.compiled.forward import NEW_GRAPH
 
     warm = []
     for compiled in (r"the target's \d+ layers compiled in", r"the draft's \d+ layers compiled in",

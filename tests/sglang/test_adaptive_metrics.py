@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("sglang")
 
-from sglang_domino.sglang import metrics  # noqa: E402
+from sglang_domino.sglang.adaptive import metrics  # noqa: E402
 
 WINDOW = 16
 
@@ -86,7 +86,7 @@ def test_each_requests_rate_in_meta_info_is_accepted_over_proposed():
     from sglang.srt.managers.scheduler_components.output_streamer import SchedulerOutputStreamer
     from sglang.srt.managers.tokenizer_manager import TokenizerManager
 
-    from sglang_domino.sglang import request_accept
+    from sglang_domino.sglang.adaptive import request_accept
 
     a, b = Req(rid="a", is_retracted=False, done=False), Req(rid="b", is_retracted=False, done=False)
     steps = [(16, [a, b]), (4, [a, b]), (1, [a, b]), (8, [a])]
@@ -142,7 +142,7 @@ def test_each_requests_rate_in_meta_info_is_accepted_over_proposed():
 def test_the_rust_egress_keeps_upstreams_streamer(caplog):
     from sglang.srt.managers.scheduler_components.output_streamer import SchedulerOutputStreamer
 
-    from sglang_domino.sglang import request_accept
+    from sglang_domino.sglang.adaptive import request_accept
 
     def original(self):
         return SchedulerOutputStreamer

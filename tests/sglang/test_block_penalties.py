@@ -174,7 +174,7 @@ def test_custom_processors_see_the_request_as_it_is_at_each_row():
     from sglang.srt.sampling.custom_logit_processor import DeepseekOCRNoRepeatNGramLogitProcessor
     from sglang.srt.sampling.sampling_batch_info import ProcessorEntry
 
-    from sglang_domino.sglang.penalty_state import apply_custom_processors_per_position
+    from sglang_domino.sglang.sampling.penalty_state import apply_custom_processors_per_position
 
     proc = DeepseekOCRNoRepeatNGramLogitProcessor()
     # 0.5.23 keeps a request's token ids in arrays (a list for the second, as other callers may)
@@ -200,7 +200,7 @@ def test_custom_processors_see_the_request_as_it_is_at_each_row():
 def test_pool_rows_with_fewer_stop_tokens_than_the_widest_still_block_them():
     """The pool pads each request's stop ids to the widest request's count; the padding
     must not undo the block (every write to one logit agrees)."""
-    from sglang_domino.sglang.penalty_state import PenaltyPool
+    from sglang_domino.sglang.sampling.penalty_state import PenaltyPool
 
     def req(rid, row, stops):
         return SimpleNamespace(rid=rid, kv=SimpleNamespace(req_pool_idx=row), eos_token_ids=set(), tokenizer=None,

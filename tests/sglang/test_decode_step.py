@@ -14,8 +14,8 @@ import torch
 
 pytest.importorskip("sglang")
 
-from sglang_domino.sglang.decode_step import DecodeStep  # noqa: E402
-from sglang_domino.verify_width import AdaptiveWidthConfig  # noqa: E402
+from sglang_domino.sglang.adaptive.decode_step import DecodeStep  # noqa: E402
+from sglang_domino.sglang.adaptive import AdaptiveWidthConfig  # noqa: E402
 
 
 @pytest.fixture

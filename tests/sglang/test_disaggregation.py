@@ -1,9 +1,9 @@
-"""The PD draft check's verdicts (`sglang_domino.sglang.disaggregation`): which pairs of
+"""The PD draft check's verdicts (`sglang_domino.sglang.serving.disaggregation`): which pairs of
 decode and prefill settings serve, warn or are refused, and what the message names."""
 
 from __future__ import annotations
 
-from sglang_domino.sglang.disaggregation import check_prefill_server, draft_of, mismatch
+from sglang_domino.sglang.serving.disaggregation import check_prefill_server, draft_of, mismatch
 
 DOMINO = {"speculative_algorithm": "DFLASH", "speculative_draft_model_path": "/models/Qwen3-8B-Domino/"}
 PLAIN = {"speculative_algorithm": None, "speculative_draft_model_path": None}

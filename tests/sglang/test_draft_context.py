@@ -1,5 +1,5 @@
 """Width-1 steps' draft context written when the draft next needs it
-(`sglang_domino.sglang.draft_context.DeferredContext`) and its place in the worker: rows
+(`sglang_domino.sglang.adaptive.draft_context.DeferredContext`) and its place in the worker: rows
 kept at width 1, written in one call, in step order, before a step that drafts, before a
 forward that is not a decode step and after `max_steps` steps, a slot's latest row winning;
 a request leaving the batch writes nothing; dropped when the pools are flushed."""
@@ -11,8 +11,8 @@ import torch
 
 pytest.importorskip("sglang")
 
-from sglang_domino.sglang.draft_context import DeferredContext  # noqa: E402
-from sglang_domino.verify_width import AdaptiveWidth, AdaptiveWidthConfig  # noqa: E402
+from sglang_domino.sglang.adaptive.draft_context import DeferredContext  # noqa: E402
+from sglang_domino.sglang.adaptive import AdaptiveWidth, AdaptiveWidthConfig  # noqa: E402
 
 HIDDEN = 6
 
@@ -85,7 +85,7 @@ def test_a_slot_kept_twice_is_written_with_its_latest_committed_row():
     kept, and upstream's prefix-valid write (the real pool, on CPU) stores the later one."""
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
-    from sglang_domino.sglang.draft_context import latest_rows
+    from sglang_domino.sglang.adaptive.draft_context import latest_rows
 
     loc = torch.tensor([5, 7, 5, 9, 7])
     commit = torch.tensor([1, 1, 1, 1, 0], dtype=torch.int32)
@@ -117,7 +117,7 @@ def test_a_write_is_padded_to_a_power_of_two_rows_that_are_not_written():
     """A write's row count repeats (a new matrix-product shape is slow in bfloat16 on the
     CPU): the padding's hidden states and positions are zeros, its slot the last row's and
     its commit length 0."""
-    from sglang_domino.sglang.draft_context import padded_rows
+    from sglang_domino.sglang.adaptive.draft_context import padded_rows
 
     for n, size in ((1, 1), (2, 2), (3, 4), (5, 8), (8, 8), (9, 16), (100, 128)):
         hidden, loc, pos = torch.randn(n, HIDDEN), torch.arange(10, 10 + n), torch.arange(n) + 1
@@ -161,7 +161,7 @@ def _worker(monkeypatch, widths=(16, 1), **cfg):
     append recorded."""
     from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
-    from sglang_domino.sglang import worker as worker_mod
+    from sglang_domino.sglang.step import worker as worker_mod
 
     upstream = Writes()
     monkeypatch.setattr(DFlashWorkerV2, "_append_target_hidden_to_draft_kv_by_loc",
@@ -238,7 +238,7 @@ def test_a_width_1_steps_result_ages_its_requests_estimates(monkeypatch):
 
     from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
-    from sglang_domino.sglang.width_switch import StepTimer
+    from sglang_domino.sglang.adaptive.width_switch import StepTimer
 
     monkeypatch.setattr(DFlashWorkerV2, "on_verify_complete_cpu", lambda self, *a, **k: None)
     worker, _ = _worker(monkeypatch, unverified_decay=0.5)

@@ -14,8 +14,8 @@ pytest.importorskip("sglang")
 
 from sglang.srt.speculative import dflash_worker_v2 as w2  # noqa: E402
 
-from sglang_domino.sglang import draft_tail  # noqa: E402
-from sglang_domino.sglang.draft_tail import FirstProposals, WindowProposals  # noqa: E402
+from sglang_domino.sglang.adaptive import draft_tail  # noqa: E402
+from sglang_domino.sglang.adaptive.draft_tail import FirstProposals, WindowProposals  # noqa: E402
 from tests.sglang.tp_fakes import V, du, rollout_block  # noqa: E402
 
 BLOCK, BS = 16, 3
@@ -86,7 +86,7 @@ def test_which_samplers_are_cut_and_which_are_not(block):
 def test_b8_builds_the_sampler_at_the_draft_block_and_reads_it_at_the_window(monkeypatch, block):
     """`DominoDFlashWorker._maybe_build_draft_sampler` at b8: upstream's builder runs with
     the worker's block set to the draft block, and the step sees the window's view."""
-    from sglang_domino.sglang.worker import DominoDFlashWorker
+    from sglang_domino.sglang.step.worker import DominoDFlashWorker
 
     mods = block[0]
     built = []

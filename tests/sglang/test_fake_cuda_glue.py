@@ -21,10 +21,10 @@ pytest.importorskip("sglang")
 from sglang.srt.speculative import dflash_worker_v2 as w2  # noqa: E402
 
 from sglang_domino.kernels import chain_accept  # noqa: E402
-from sglang_domino.sglang.draft_tail import WindowProposals  # noqa: E402
-from sglang_domino.sglang.q_sampler import QRuleDraftSampler  # noqa: E402
-from sglang_domino.sglang.sampled_rollout import QDraft, SampledStep, active_step, sampled_step  # noqa: E402
-from sglang_domino.sglang.worker import DominoDFlashWorker  # noqa: E402
+from sglang_domino.sglang.adaptive.draft_tail import WindowProposals  # noqa: E402
+from sglang_domino.sglang.sampling.q_sampler import QRuleDraftSampler  # noqa: E402
+from sglang_domino.sglang.sampling.sampled_rollout import QDraft, SampledStep, active_step, sampled_step  # noqa: E402
+from sglang_domino.sglang.step.worker import DominoDFlashWorker  # noqa: E402
 from tests.fake_cuda import fake_cuda  # noqa: E402
 
 BLOCK, V, H, POOL, MAX_BS = 16, 97, 16, 20, 8

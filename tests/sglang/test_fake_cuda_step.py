@@ -20,10 +20,10 @@ from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTens
 from sglang.srt.speculative import dflash_worker_v2 as w2  # noqa: E402
 
 from sglang_domino.accept import Uniforms, accept_probs  # noqa: E402
-from sglang_domino.sglang.hooks import WIDTH_STATE  # noqa: E402
-from sglang_domino.sglang.rollout_hook import no_proposals  # noqa: E402
-from sglang_domino.sglang.verify_graphs import VerifyGraphs, VerifyState  # noqa: E402
-from sglang_domino.sglang.width_switch import WidthSwitch  # noqa: E402
+from sglang_domino.sglang.seam.hooks import WIDTH_STATE  # noqa: E402
+from sglang_domino.sglang.step.rollout_hook import no_proposals  # noqa: E402
+from sglang_domino.sglang.adaptive.verify_graphs import VerifyGraphs, VerifyState  # noqa: E402
+from sglang_domino.sglang.adaptive.width_switch import WidthSwitch  # noqa: E402
 
 BLOCK, BS, V, H = 16, 4, 64, 8
 
@@ -120,7 +120,7 @@ def draft_block_worker(calls):
 def test_the_draft_block_runner_builds_its_block_batch_on_the_device(cuda, window):
     """b8 (window 8 of a 16-slot draft block) and adaptive narrow steps: the draft batch of
     the whole block, its KV plan and the window's hidden states, with no host read."""
-    from sglang_domino.sglang.draft_block import DraftBlockRunner
+    from sglang_domino.sglang.step.draft_block import DraftBlockRunner
 
     calls = []
     worker = draft_block_worker(calls)

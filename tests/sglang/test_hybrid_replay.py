@@ -1,5 +1,5 @@
 """DFLASH's commit on a gated delta-net target with replay rollback
-(`sglang_domino/sglang/hybrid_replay.py`), in process, on 0.5.23's own `MambaPool`s.
+(`sglang_domino/sglang/serving/hybrid_replay.py`), in process, on 0.5.23's own `MambaPool`s.
 
 Two pools of the same target: one as 0.5.23 builds it for DFLASH (a recurrent state per
 verified position, `intermediate_ssm`), one with `--enable-linear-replayssm-spec` (replay
@@ -11,7 +11,7 @@ first, this plugin's hook of it on the second. At every acceptance length 0..W-1
 (1..W tokens committed), under both fold policies, the replay pool's live state (its
 checkpoint folded through its committed records) equals the snapshot pool's committed
 state, the conv states are equal, and with a fold every commit the checkpoint itself is
-that state. The CPU kernels are those the `cpu stand-in` group installs (`cpu/gdn_replay.py`).
+that state. The CPU kernels are those the `cpu stand-in` group installs (`cpu/hybrid/gdn_replay.py`).
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sglang_domino.sglang import hybrid_replay
-from sglang_domino.sglang.cpu import gdn_ops
-from sglang_domino.sglang.cpu import gdn_replay as ref
-from sglang_domino.sglang.cpu import gdn_replay_commit as ref_commit
+from sglang_domino.sglang.serving import hybrid_replay
+from sglang_domino.sglang.cpu.hybrid import gdn_ops
+from sglang_domino.sglang.cpu.hybrid import gdn_replay as ref
+from sglang_domino.sglang.cpu.hybrid import gdn_replay_commit as ref_commit
 
 pytestmark = pytest.mark.sglang
 
@@ -239,7 +239,7 @@ def test_pool_gate_refuses_a_ring_that_cannot_hold_a_window(dflash_replay, ring,
 
 
 def test_scheduler_start_installs_only_for_dflash_with_the_flag(monkeypatch):
-    from sglang_domino.sglang import hooks
+    from sglang_domino.sglang.seam import hooks
 
     installed = []
     monkeypatch.setattr(hooks, "install", lambda group: installed.append(group))

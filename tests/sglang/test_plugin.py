@@ -14,7 +14,7 @@ from importlib.metadata import entry_points
 
 import pytest
 
-from sglang_domino.sglang import hooks
+from sglang_domino.sglang.seam import hooks
 from tests.helpers.servers import server_env, start_server
 from tests.sglang.probes import run_probe
 
@@ -37,7 +37,7 @@ def test_hooks_are_in_place_after_load_plugins(sglang_tmp):
     assert {"create_worker", "max_draft_tokens", "add_cli_args", "validate_request", "resolve_dflash",
             "resolve_cpu"} <= set(r["hooks"])
     assert r["resolution_hooks"] == 1
-    assert r["worker"] == "sglang_domino.sglang.worker.DominoDFlashWorker"
+    assert r["worker"] == "sglang_domino.sglang.step.worker.DominoDFlashWorker"
     assert r["mamba"] == "extra_buffer"
     assert r["mamba_default"] == "auto"
     # no --device cpu on this command line: the CPU engine stays off, the list untouched

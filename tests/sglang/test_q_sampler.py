@@ -16,9 +16,9 @@ pytest.importorskip("sglang")
 
 from sglang.srt.speculative import dflash_worker_v2 as w2  # noqa: E402
 
-from sglang_domino.sglang.draft_tail import FirstProposals, at_width  # noqa: E402
-from sglang_domino.sglang.q_sampler import QRuleDraftSampler  # noqa: E402
-from sglang_domino.sglang.sampled_rollout import SampledStep, q_rollout, sampled_step  # noqa: E402
+from sglang_domino.sglang.adaptive.draft_tail import FirstProposals, at_width  # noqa: E402
+from sglang_domino.sglang.sampling.q_sampler import QRuleDraftSampler  # noqa: E402
+from sglang_domino.sglang.sampling.sampled_rollout import SampledStep, q_rollout, sampled_step  # noqa: E402
 from tests.sglang.tp_fakes import V, du, rollout_block, rollout_modules  # noqa: E402
 
 BLOCK, BS, POOL, MAX_BS = 8, 4, 20, 6
@@ -167,7 +167,7 @@ def test_the_sampler_stages_draws_and_reads_without_a_host_read(block, monkeypat
 
 def _worker(q_sampler=None, draft_sampler=None):
     """A `DominoDFlashWorker` holding only what its q-rule methods read."""
-    from sglang_domino.sglang.worker import DominoDFlashWorker
+    from sglang_domino.sglang.step.worker import DominoDFlashWorker
 
     worker = DominoDFlashWorker.__new__(DominoDFlashWorker)
     worker.q_rule, worker._q_sampler, worker._draft_sampler = True, q_sampler, draft_sampler
@@ -183,7 +183,7 @@ def _batch(info, bs=BS):
 
 
 def test_the_worker_builds_the_q_rule_in_the_greedy_samplers_place(monkeypatch, block):
-    from sglang_domino.sglang.worker import DominoDFlashWorker
+    from sglang_domino.sglang.step.worker import DominoDFlashWorker
 
     mods = block[0]
     pool = [POOL]
@@ -217,7 +217,7 @@ def test_each_decode_step_stages_its_rows_and_sampled_steps_read_q_from_the_grap
     seen = []
 
     def upstream_step(self, batch, *args, **kwargs):
-        from sglang_domino.sglang.sampled_rollout import active_step
+        from sglang_domino.sglang.sampling.sampled_rollout import active_step
 
         seen.append((active_step(), self._draft_sampler, sampler.params.greedy[:BS].clone()))
         return "result"

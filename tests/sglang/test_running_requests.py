@@ -12,7 +12,8 @@ import pytest
 
 pytest.importorskip("sglang")
 
-from sglang_domino.sglang import hooks, running_requests, scheduler_start  # noqa: E402
+from sglang_domino.sglang.seam import hooks, scheduler_start
+from sglang_domino.sglang.serving import running_requests  # noqa: E402
 
 LOGGER = running_requests.__name__
 

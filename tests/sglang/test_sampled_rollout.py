@@ -1,4 +1,4 @@
-"""`sglang_domino.sglang.sampled_rollout`, the q rule's rollout, against 0.5.23's own greedy
+"""`sglang_domino.sglang.sampling.sampled_rollout`, the q rule's rollout, against 0.5.23's own greedy
 Domino rollout (`domino_greedy_rollout`) and for seeded reproducibility, in process."""
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def test_greedy_rows_propose_upstreams_greedy_chain(inputs, pool, shift_label):
     """Rows with top-k 1 (how 0.5.23 encodes a greedy request) draw from a point mass on
     the argmax: the sampled rollout is then upstream's greedy rollout, token for token,
     with and without the candidate pool: the same base logits, slots, GRU and correction."""
-    from sglang_domino.sglang.sampled_rollout import SampledStep, domino_sampled_rollout
+    from sglang_domino.sglang.sampling.sampled_rollout import SampledStep, domino_sampled_rollout
 
     mods, hidden, bonus = inputs
     kw = _kwargs(mods, hidden, bonus, pool, shift_label)
@@ -69,7 +69,7 @@ def test_greedy_rows_propose_upstreams_greedy_chain(inputs, pool, shift_label):
 
 
 def test_sampled_rows_stay_on_the_pool_and_record_q(inputs):
-    from sglang_domino.sglang.sampled_rollout import SampledStep, domino_sampled_rollout
+    from sglang_domino.sglang.sampling.sampled_rollout import SampledStep, domino_sampled_rollout
 
     mods, hidden, bonus = inputs
     step = SampledStep(_sampling_info(BS, temperature=2.0), torch.full((BS,), 10))
@@ -86,7 +86,7 @@ def test_sampled_rows_stay_on_the_pool_and_record_q(inputs):
 
 
 def _seeded_step(mods, hidden, bonus, seeds):
-    from sglang_domino.sglang.sampled_rollout import SampledStep, domino_sampled_rollout
+    from sglang_domino.sglang.sampling.sampled_rollout import SampledStep, domino_sampled_rollout
 
     step = SampledStep(_sampling_info(BS, seeds=seeds), torch.tensor([10, 11, 12, 13]))
     tokens = domino_sampled_rollout(step, **_kwargs(mods, hidden, bonus, pool=0))
@@ -114,7 +114,7 @@ def test_sampled_rollout_through_a_vocab_parallel_head_matches_one_rank(inputs, 
     does. (Unseeded ranks are kept together by broadcasting rank 0's proposals.)"""
     import threading
 
-    from sglang_domino.sglang.sampled_rollout import SampledStep, domino_sampled_rollout
+    from sglang_domino.sglang.sampling.sampled_rollout import SampledStep, domino_sampled_rollout
 
     mods, hidden, bonus = inputs
     lm_head = mods[0]
@@ -151,8 +151,8 @@ def test_rollout_hook_embeds_feedback_plainly_and_answers_a_one_slot_block(input
     (Upstream's eager rollout on CPU: the compiled one switched off, tests/sglang/test_cpu_rollout.py.)"""
     from sglang.srt.layers.quantization.unquant import UnquantizedEmbeddingMethod
 
-    from sglang_domino.sglang.cpu import switches
-    from sglang_domino.sglang.rollout_hook import around_domino_rollout, embedding_weight
+    from sglang_domino.sglang.cpu.compiled import switches
+    from sglang_domino.sglang.step.rollout_hook import around_domino_rollout, embedding_weight
 
     monkeypatch.setattr(switches._Process, "compiled", False)   # upstream's eager rollout, not the compiled one
     mods, hidden, bonus = inputs
@@ -185,7 +185,7 @@ def test_the_rollout_stages_and_draws_on_the_device_without_a_host_read(inputs, 
     from sglang.srt.layers import sampler as upstream_sampler
 
     from sglang_domino.sglang.cpu import kernel_standin
-    from sglang_domino.sglang.sampled_rollout import SampledStep, domino_sampled_rollout
+    from sglang_domino.sglang.sampling.sampled_rollout import SampledStep, domino_sampled_rollout
     from tests.fake_cuda import fake_cuda
 
     monkeypatch.setattr(upstream_sampler, "murmur_hash32", kernel_standin.murmur_hash32_cpu)

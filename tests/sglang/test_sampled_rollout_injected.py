@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from benchmarks import gpu_check
-from sglang_domino.sglang import sampled_rollout
+from sglang_domino.sglang.sampling import sampled_rollout
 
 BS, POOL = 4, 64
 CPU = torch.device("cpu")
@@ -42,7 +42,7 @@ def test_the_check_rollouts_are_the_plugins(pool):
     greedy tail proposes 0.5.23's `domino_greedy_rollout` token for token, the sampled
     tail what the server's eager `domino_sampled_rollout` proposes from the same coins
     (torch's RNG reseeded) under parameters staged from a batch, and the same q."""
-    from sglang_domino.sglang.sampled_rollout import SampledStep, domino_sampled_rollout
+    from sglang_domino.sglang.sampling.sampled_rollout import SampledStep, domino_sampled_rollout
     from tests.sglang.tp_fakes import du
 
     mods = _modules(torch.float64, pool)

@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sglang_domino.sglang import rollout_inputs as ri
-from sglang_domino.sglang import sampled_rollout as sr
+from sglang_domino.sglang.sampling import rollout_inputs as ri
+from sglang_domino.sglang.sampling import sampled_rollout as sr
 from tests.sglang import tp_fakes
 from tests.sglang.tp_fakes import H, V, FakeGroup, rollout_block
 
@@ -222,7 +222,7 @@ def test_the_eager_rollout_and_the_graphs_sampler_propose_the_single_ranks_token
     """(c) through the server's callers, seeded rows (hashed coins): the eager
     `domino_sampled_rollout` and the draft graph's `QRuleDraftSampler` on 2 ranks propose
     the single rank's tokens with its q and pool."""
-    from sglang_domino.sglang.q_sampler import QRuleDraftSampler
+    from sglang_domino.sglang.sampling.q_sampler import QRuleDraftSampler
 
     mods, hidden, bonus = block
     ids = torch.cat((bonus[:, None], torch.zeros(BS, BLOCK - 1, dtype=torch.int64)), dim=1)

@@ -1,4 +1,4 @@
-"""The seam with SGLang 0.5.23, from its one declaration (`sglang_domino.sglang.hooks`):
+"""The seam with SGLang 0.5.23, from its one declaration (`sglang_domino.sglang.seam.hooks`):
 one case per patch and per dependency, so a moved pin names the symbol that broke; every
 install group installed and seen live; UPSTREAM.md documents every row; the settings
 channel to the schedulers round-trips."""
@@ -10,8 +10,9 @@ import os
 import pytest
 from pydantic import ValidationError
 
-from sglang_domino.sglang import hooks, settings
-from sglang_domino.verify_width import AdaptiveWidthConfig
+from sglang_domino.sglang.seam import hooks
+from sglang_domino.sglang import settings
+from sglang_domino.sglang.adaptive import AdaptiveWidthConfig
 from tests.sglang.probes import run_probe
 
 UPSTREAM_MD = os.path.join(os.path.dirname(hooks.__file__), "UPSTREAM.md")

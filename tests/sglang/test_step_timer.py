@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_domino.sglang import width_switch
-from sglang_domino.sglang.width_switch import StepTimer
+from sglang_domino.sglang.adaptive import width_switch
+from sglang_domino.sglang.adaptive.width_switch import StepTimer
 
 STEP_S = {16: 0.010, 4: 0.004}       # device time of a step, per width
 LAUNCH_S, SCHEDULE_S = 0.0005, 0.001  # host time to launch a step and to schedule the next

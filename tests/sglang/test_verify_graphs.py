@@ -14,9 +14,9 @@ pytest.importorskip("sglang")
 
 from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner  # noqa: E402
 
-from sglang_domino.sglang.hooks import WIDTH_STATE  # noqa: E402
-from sglang_domino.sglang.verify_graphs import VerifyGraphs  # noqa: E402
-from sglang_domino.sglang.width_switch import WidthSwitch  # noqa: E402
+from sglang_domino.sglang.seam.hooks import WIDTH_STATE  # noqa: E402
+from sglang_domino.sglang.adaptive.verify_graphs import VerifyGraphs  # noqa: E402
+from sglang_domino.sglang.adaptive.width_switch import WidthSwitch  # noqa: E402
 
 WIDTHS = (16, 8, 4, 2, 1)
 HOME = 16
@@ -170,7 +170,7 @@ def test_the_width_switch_swaps_the_target_graphs_with_the_worker_state_and_rest
 def test_the_memory_estimate_follows_the_widths_captured(caplog):
     """Each width other than home is estimated before capture (its own workspace and a graph
     set scaled by width from 0.5.23's home reserve), logged, and kept for the summary."""
-    from sglang_domino.sglang.verify_graphs import HOME_GRAPH_MB_PER_BS, estimate_gb
+    from sglang_domino.sglang.adaptive.verify_graphs import HOME_GRAPH_MB_PER_BS, estimate_gb
 
     ws = 384 << 20
     est = estimate_gb([16, 8, 4, 1], 16, 64, ws)
@@ -180,7 +180,7 @@ def test_the_memory_estimate_follows_the_widths_captured(caplog):
     assert estimate_gb([16, 8], 16, 64, ws).keys() == {8}
     assert estimate_gb([16], 16, 64, ws) == {}
     model_runner = ModelRunner(Spec(HOME))
-    with caplog.at_level("INFO", logger="sglang_domino.sglang.verify_graphs"):
+    with caplog.at_level("INFO", logger="sglang_domino.sglang.adaptive.verify_graphs"):
         graphs = build(model_runner)
     assert set(graphs.estimate) == set(WIDTHS) - {HOME}
     assert graphs.estimate == estimate_gb(WIDTHS, HOME, 32, 0)    # the stub has max_bs 32, no workspace
@@ -203,7 +203,7 @@ def test_resolution_takes_the_widths_captures_out_of_the_kv_pools_share(monkeypa
     from sglang.srt.arg_groups import overrides
     from sglang.srt.utils import common
 
-    from sglang_domino.sglang.verify_graphs import estimate_gb, lowered_fraction, reserve_for_widths
+    from sglang_domino.sglang.adaptive.verify_graphs import estimate_gb, lowered_fraction, reserve_for_widths
 
     monkeypatch.setattr(common, "get_device_memory_capacity", lambda device=None: 81559.0)
     monkeypatch.setattr(overrides, "post_capture_kv_sizing_planned", lambda server_args: False)

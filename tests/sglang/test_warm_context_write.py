@@ -16,7 +16,7 @@ import torch
 
 pytest.importorskip("sglang")
 
-from sglang_domino.sglang import warmup  # noqa: E402
+from sglang_domino.sglang.step import warmup  # noqa: E402
 
 WIDTHS = [16, 8, 1]
 HIDDEN, FEATURES, KV_HEADS, HEAD_DIM, LAYERS = 8, 3, 2, 4, 2
@@ -169,8 +169,8 @@ def test_nothing_is_written_on_a_cpu_worker(monkeypatch):
 def test_a_domino_worker_inside_a_width_1_step_still_reaches_upstream_and_keeps_nothing(monkeypatch):
     """The warm-up calls upstream's function, not `DominoDFlashWorker`'s override, which
     keeps a width-1 step's rows for later (`draft_context`)."""
-    from sglang_domino.sglang import worker as worker_mod
-    from sglang_domino.sglang.draft_context import DeferredContext
+    from sglang_domino.sglang.step import worker as worker_mod
+    from sglang_domino.sglang.adaptive.draft_context import DeferredContext
 
     calls = _upstream_recorded(monkeypatch)
     monkeypatch.setattr(warmup, "_context_write_runs_triton", lambda device: True)

@@ -12,7 +12,7 @@ import torch
 
 pytest.importorskip("sglang")
 
-from sglang_domino.sglang import warmup  # noqa: E402
+from sglang_domino.sglang.step import warmup  # noqa: E402
 
 WIDTHS = [16, 8, 4, 2, 1]
 V = 64

@@ -31,15 +31,15 @@ from sglang.srt.speculative import dflash_worker_v2 as w2  # noqa: E402
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput  # noqa: E402
 from sglang.srt.speculative.draft_worker_common import make_draft_input_v2  # noqa: E402
 
-from sglang_domino.sglang import worker as worker_mod  # noqa: E402
-from sglang_domino.sglang.decode_step import DecodeStep  # noqa: E402
-from sglang_domino.sglang.draft_block import DraftBlockRunner  # noqa: E402
-from sglang_domino.sglang.draft_context import DeferredContext  # noqa: E402
-from sglang_domino.sglang.hooks import WIDTH_STATE  # noqa: E402
-from sglang_domino.sglang.rollout_hook import no_proposals  # noqa: E402
-from sglang_domino.sglang.verify_graphs import VerifyGraphs, VerifyState  # noqa: E402
-from sglang_domino.sglang.width_switch import StepTimer, WidthSwitch  # noqa: E402
-from sglang_domino.verify_width import AdaptiveWidth, AdaptiveWidthConfig  # noqa: E402
+from sglang_domino.sglang.step import worker as worker_mod  # noqa: E402
+from sglang_domino.sglang.adaptive.decode_step import DecodeStep  # noqa: E402
+from sglang_domino.sglang.step.draft_block import DraftBlockRunner  # noqa: E402
+from sglang_domino.sglang.adaptive.draft_context import DeferredContext  # noqa: E402
+from sglang_domino.sglang.seam.hooks import WIDTH_STATE  # noqa: E402
+from sglang_domino.sglang.step.rollout_hook import no_proposals  # noqa: E402
+from sglang_domino.sglang.adaptive.verify_graphs import VerifyGraphs, VerifyState  # noqa: E402
+from sglang_domino.sglang.adaptive.width_switch import StepTimer, WidthSwitch  # noqa: E402
+from sglang_domino.sglang.adaptive import AdaptiveWidth, AdaptiveWidthConfig  # noqa: E402
 from tests.fake_cuda import fake_cuda  # noqa: E402
 
 BLOCK, BS, V, H, HC, MASK = 16, 4, 64, 8, 12, 63   # HC: the target's captured hidden size

@@ -2,8 +2,8 @@
 
 import torch
 
-from sglang_domino.train.anchors import (Anchors, anchor_scores, block_attention_mask, block_inputs,
-                                         sample_anchors, valid_anchor_mask)
+from sglang_domino.train.anchors import (Anchors, anchor_scores, block_attention_mask, block_inputs, sample_anchors,
+                                         valid_anchor_mask)
 
 
 def _loss_mask():

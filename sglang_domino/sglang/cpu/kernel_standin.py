@@ -137,7 +137,7 @@ def register_torch_ops() -> None:
     global _torch_ops
     if _torch_ops is not None or hasattr(torch.ops.sgl_kernel, "murmur_hash32_cpu"):
         return
-    from . import gdn_ops, qwen3_5_ops
+    from .hybrid import gdn_ops, qwen3_5_ops
 
     lib = torch.library.Library("sgl_kernel", "FRAGMENT")
     lib.define("murmur_hash32_cpu(Tensor seed, Tensor positions, Tensor col_indices) -> Tensor")
@@ -171,7 +171,7 @@ def _mamba_module() -> types.ModuleType:
     import importlib.machinery
     import sys
 
-    from . import gdn_ops
+    from .hybrid import gdn_ops
 
     mod = types.ModuleType("sgl_kernel.mamba", "sglang-domino CPU stand-in for sgl_kernel.mamba")
     mod.__spec__ = importlib.machinery.ModuleSpec("sgl_kernel.mamba", None)

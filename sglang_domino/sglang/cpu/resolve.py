@@ -49,7 +49,7 @@ def refuse_an_uncompiled_target(cfg, architectures) -> None:
     start-up with the reason, rather than served eagerly in silence or failing in a
     scheduler after the weights load. Unknown architectures are left to the load-time check.
     Called only for a server that asks for the compiled step."""
-    from .switches import FLAG
+    from .compiled.switches import FLAG
 
     if not architectures or set(architectures) <= COMPILED_TARGETS:
         return

@@ -13,7 +13,7 @@ pytest.importorskip("sglang")
 
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend  # noqa: E402
 
-from sglang_domino.sglang import hooks  # noqa: E402
+from sglang_domino.sglang.seam import hooks  # noqa: E402
 from sglang_domino.sglang.cpu import attention  # noqa: E402
 
 UPSTREAM_DECODE = TorchNativeAttnBackend._run_sdpa_forward_decode

@@ -1,4 +1,4 @@
-"""`sglang_domino.sglang.cpu.compiled_context`: the draft's context (the target's hidden
+"""`sglang_domino.sglang.cpu.compiled.context`: the draft's context (the target's hidden
 states projected, then every draft layer's K and V) as one compiled graph, written into a
 real KV pool of 0.5.23, against the same math written out with upstream's modules (its
 `RMSNorm`, its `RotaryEmbedding`), every row or the prefix-valid rows of each request.
@@ -75,7 +75,7 @@ def _pool():
 @pytest.fixture(scope="module")
 def compiled():
     """One draft and its compiled context for the module (compiling takes most of its time)."""
-    from sglang_domino.sglang.cpu.compiled_context import CompiledContext
+    from sglang_domino.sglang.cpu.compiled.context import CompiledContext
 
     draft = _draft()
     context = CompiledContext(draft)
@@ -84,7 +84,7 @@ def compiled():
 
 
 def test_every_row_is_written_at_its_slot_as_upstreams_math_gives_it(compiled):
-    from sglang_domino.sglang.cpu.compiled_context import write
+    from sglang_domino.sglang.cpu.compiled.context import write
 
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
@@ -108,7 +108,7 @@ def test_every_row_is_written_at_its_slot_as_upstreams_math_gives_it(compiled):
 
 def test_a_prefix_valid_write_keeps_each_requests_committed_rows_only(compiled):
     """`cache_loc_2d` [bs, cols] and `commit_lens`: as upstream's `set_kv_buffer_prefix_valid`."""
-    from sglang_domino.sglang.cpu.compiled_context import write
+    from sglang_domino.sglang.cpu.compiled.context import write
 
     draft, context = compiled
     g = torch.Generator().manual_seed(0)

@@ -1,4 +1,4 @@
-"""`sglang_domino.sglang.cpu.compiled_forward`: the layers of a CPU target or draft under
+"""`sglang_domino.sglang.cpu.compiled.forward`: the layers of a CPU target or draft under
 one `torch.compile` graph, in process, over layers built from upstream's own norm and
 activation modules (a stand-in rotary and attention). Served end to end, greedy tokens
 equal to the plain server's: `tests/e2e/test_e2e_cpu.py` (the `domino_adaptive_compiled`
@@ -100,7 +100,7 @@ def test_compiled_layers_match_the_eager_layers_and_compile_nothing_after_the_wa
     """Every row count (one row, a decode batch, verify blocks, a prefill), in inference
     mode or not, runs the four graphs the warm-up compiled, with the step's batch handed to every layer's attention,
     and gives the eager layers' hidden states and residual streams."""
-    from sglang_domino.sglang.cpu import compiled_forward as cf
+    from sglang_domino.sglang.cpu.compiled import forward as cf
 
     seen = []
     layers, final_norm = _layers(3, seen)
@@ -137,7 +137,7 @@ def test_compiled_layers_match_the_eager_layers_and_compile_nothing_after_the_wa
 def test_the_attention_and_all_reduce_ops_outside_a_step_return_zeros_and_their_input():
     """Compiling at load time there is no step: attention gives zeros and the all-reduce
     its input, on each rank alone (no collective while the ranks load)."""
-    from sglang_domino.sglang.cpu import graph_ops
+    from sglang_domino.sglang.cpu.compiled import graph_ops
 
     q = torch.randn(3, HEADS * HEAD_DIM)
     out = torch.ops.sglang_domino.cpu_attention(q, torch.randn(3, 16), torch.randn(3, 16), 0)
@@ -152,7 +152,7 @@ def test_the_target_hands_dflash_the_streams_of_its_captured_layers():
     those layers, in upstream's container; none when DFLASH captures nothing."""
     from sglang.srt.layers.aux_hidden_states import AuxHiddenStateList
 
-    from sglang_domino.sglang.cpu import compiled_forward as cf
+    from sglang_domino.sglang.cpu.compiled import forward as cf
 
     inner = SimpleNamespace(layers=[], start_layer=0, end_layer=0, norm=None, embed_tokens=None, layers_to_capture=[2, 5])
     model = SimpleNamespace(model=inner, capture_aux_hidden_states=True, forward=None)
@@ -165,8 +165,8 @@ def test_the_target_hands_dflash_the_streams_of_its_captured_layers():
 
 
 def test_sglangs_own_flag_switches_the_compiled_step_on_cpu_and_the_old_switches_are_refused():
-    from sglang_domino.sglang import hooks
-    from sglang_domino.sglang.cpu import switches
+    from sglang_domino.sglang.seam import hooks
+    from sglang_domino.sglang.cpu.compiled import switches
 
     args = lambda device, flag: SimpleNamespace(device=device, enable_torch_compile=flag)  # noqa: E731
     assert switches.compiled_step(args("cpu", True))
@@ -181,7 +181,7 @@ def test_sglangs_own_flag_switches_the_compiled_step_on_cpu_and_the_old_switches
 
 
 def test_the_compile_cache_is_sglangs_unless_torchs_variable_names_one(monkeypatch, tmp_path):
-    from sglang_domino.sglang.cpu import switches
+    from sglang_domino.sglang.cpu.compiled import switches
 
     monkeypatch.delenv(switches.CACHE_ENV, raising=False)
     monkeypatch.setenv("SGLANG_CACHE_DIR", str(tmp_path / "sglang"))
@@ -196,7 +196,7 @@ def test_the_compile_cache_is_sglangs_unless_torchs_variable_names_one(monkeypat
 
 @pytest.mark.parametrize("draft", [False, True])
 def test_a_model_it_cannot_compile_is_refused_at_load_naming_why(monkeypatch, draft):
-    from sglang_domino.sglang.cpu import compiled_forward as cf
+    from sglang_domino.sglang.cpu.compiled import forward as cf
 
     class Other:
         pass
@@ -276,7 +276,7 @@ def test_tensor_parallel_ranks_run_their_shards_compiled_and_reduce_to_the_whole
 def tensor_parallel_ranks():
     import threading
 
-    from sglang_domino.sglang.cpu import compiled_forward as cf
+    from sglang_domino.sglang.cpu.compiled import forward as cf
     from tests.sglang.tp_fakes import Exchange, FakeGroup
 
     world, seen = 2, []
@@ -317,8 +317,8 @@ def test_the_shape_warm_up_covers_every_batch_at_every_width_and_compiles_nothin
     bfloat16 each runs once at start-up on the warm graphs (no graph compiled), float32
     warms none."""
     from sglang_domino.sglang import settings
-    from sglang_domino.sglang.cpu import compiled_forward as cf
-    from sglang_domino.verify_width import AdaptiveWidthConfig
+    from sglang_domino.sglang.cpu.compiled import forward as cf
+    from sglang_domino.sglang.adaptive import AdaptiveWidthConfig
 
     plain = SimpleNamespace(max_running_requests=3, speculative_algorithm=None)
     assert cf.serving_rows(plain, draft=False) == [1, 2, 3]

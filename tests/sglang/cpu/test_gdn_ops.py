@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sglang_domino.sglang.cpu import gdn_ops as ops
+from sglang_domino.sglang.cpu.hybrid import gdn_ops as ops
 
 HK, HV, K, V, CONV_K = 2, 4, 8, 6, 4
 DIM = 2 * HK * K + HV * V

@@ -1,4 +1,4 @@
-"""The PyTorch references of 0.5.23's GDN ReplaySSM kernels (`sglang_domino/sglang/cpu/gdn_replay.py`):
+"""The PyTorch references of 0.5.23's GDN ReplaySSM kernels (`sglang_domino/sglang/cpu/hybrid/gdn_replay.py`):
 (i) each equals upstream's Triton kernel, run here under the Triton interpreter
 (`tests/conftest.py` sets TRITON_INTERPRET=1); (ii) verify-then-commit equals the snapshot
 semantics: the outputs of a verify window and the state committed after accepting a prefix of
@@ -22,9 +22,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sglang_domino.sglang.cpu import gdn_ops
-from sglang_domino.sglang.cpu import gdn_replay as ref
-from sglang_domino.sglang.cpu import gdn_replay_commit as ref_commit
+from sglang_domino.sglang.cpu.hybrid import gdn_ops
+from sglang_domino.sglang.cpu.hybrid import gdn_replay as ref
+from sglang_domino.sglang.cpu.hybrid import gdn_replay_commit as ref_commit
 
 H, HV, K, V = 1, 2, 16, 16
 L = 16                       # ring length (power of two, >= 2 * window)

@@ -9,7 +9,8 @@ import sys
 import pytest
 import torch
 
-from sglang_domino.sglang.cpu import gdn_ops, kernel_standin, platform
+from sglang_domino.sglang.cpu.hybrid import gdn_ops
+from sglang_domino.sglang.cpu import kernel_standin, platform
 
 
 def _layout(bs=4, pool_len=40, seed=0):

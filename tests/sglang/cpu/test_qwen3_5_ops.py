@@ -11,7 +11,7 @@ import os
 import pytest
 import torch
 
-from sglang_domino.sglang.cpu import qwen3_5_ops as ops
+from sglang_domino.sglang.cpu.hybrid import qwen3_5_ops as ops
 
 DTYPES = (torch.float32, torch.bfloat16)
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}

@@ -15,8 +15,8 @@ def probe(params) -> dict:
     from sglang.kernels.ops.attention.fla.fused_norm_gate import FusedRMSNormGated
     from sglang.kernels.ops.attention.fla.layernorm_gated import RMSNorm, rms_norm_ref
 
-    from sglang_domino.sglang import hooks
-    from sglang_domino.sglang.cpu import gdn_ops
+    from sglang_domino.sglang.seam import hooks
+    from sglang_domino.sglang.cpu.hybrid import gdn_ops
 
     src = inspect.getsource(gdn) + inspect.getsource(gdn_triton)
     installed = hooks.install_group(hooks.CPU_STANDIN)

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 def probe(params) -> dict:
     import sglang.srt.speculative.dflash_info_v2 as info
 
-    from sglang_domino.sglang.worker import reserve_draft_block
+    from sglang_domino.sglang.step.worker import reserve_draft_block
 
     def lens(reserve):
         reqs = [SimpleNamespace(kv=SimpleNamespace(kv_committed_len=10, kv_allocated_len=12)),

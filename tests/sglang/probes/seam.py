@@ -1,4 +1,4 @@
-"""The seam with SGLang: every row of `sglang_domino.sglang.hooks` (PATCHES and DEPENDS)
+"""The seam with SGLang: every row of `sglang_domino.sglang.seam.hooks` (PATCHES and DEPENDS)
 checked against the installed SGLang, and every install group installed and seen live.
 
 Run under `sglang serve --device cpu` (the CPU engine and the `sgl_kernel` stand-in)."""
@@ -57,7 +57,7 @@ def _check(target: str, params=(), attributes=()) -> dict:
 def _check_patch(patch) -> dict:
     from sglang.srt.arg_groups import resolution_hooks
 
-    from sglang_domino.sglang.hooks import Kind
+    from sglang_domino.sglang.seam.hooks import Kind
 
     if patch.kind is Kind.RESOLUTION:
         return {} if patch.target in resolution_hooks._OVERRIDABLE_HOOKS else {"missing": "not an overridable step"}
@@ -81,7 +81,8 @@ def _install_every_group() -> dict:
     group the worker and the scheduler start install."""
     from sglang.srt.plugins import load_plugins
 
-    from sglang_domino.sglang import hooks, plugin
+    from sglang_domino.sglang.seam import hooks
+    from sglang_domino.sglang import plugin
 
     load_plugins()
     plugin.register()  # idempotent
@@ -96,7 +97,7 @@ def _install_every_group() -> dict:
 
     from sglang.srt.disaggregation.mooncake.conn import MooncakeKVSender
 
-    from sglang_domino.sglang import scheduler_start
+    from sglang_domino.sglang.seam import scheduler_start
 
     host_indices_before = MooncakeKVSender.supports_host_tensor_indices
     scheduler_start.before_init_parallel_runtime(
@@ -111,7 +112,7 @@ def _install_every_group() -> dict:
 
 
 def probe(params) -> dict:
-    from sglang_domino.sglang.hooks import DEPENDS, PATCHES
+    from sglang_domino.sglang.seam.hooks import DEPENDS, PATCHES
 
     return dict(
         patches={p.name: _check_patch(p) for p in PATCHES},

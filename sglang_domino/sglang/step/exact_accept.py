@@ -24,8 +24,8 @@ from sglang.srt.speculative.dflash_worker_v2 import (
 )
 from typing_extensions import override
 
-from .environment import debug
-from .sampled_rollout import SampledStep, active_step, sampled_step
+from ..environment import debug
+from ..sampling.sampled_rollout import SampledStep, active_step, sampled_step
 
 # SGLANG_DOMINO_DEBUG=q-rule-block: each q-rule verify checks that the verified block is
 # the sampled rollout's proposals (a host sync per step; the e2e tests turn it on)
@@ -97,7 +97,7 @@ class ExactAccept:
                 or _is_all_greedy(sampling_info) or is_dflash_sampling_verify_available()
                 or SIMULATE_ACC_LEN > 0):
             return super()._accept_block(**kwargs)
-        from ..accept import accept_probs
+        from ...accept import accept_probs
 
         candidates, bs, draft_input = kwargs["candidates"], int(kwargs["bs"]), kwargs["draft_input"]
         width = int(candidates.shape[1])

@@ -121,7 +121,7 @@ def around_decode_alloc_lens(original, reqs, *args, reserve, **kwargs):
 def reserve_draft_block(extra: int) -> None:
     """Reserve `extra` more KV slots per request and decode step (draft block - window)."""
     global _reserve_extra
-    from . import hooks
+    from ..seam import hooks
 
     hooks.install(hooks.B8_RESERVATION)
     _reserve_extra = int(extra)

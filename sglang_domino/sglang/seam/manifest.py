@@ -9,6 +9,9 @@ import enum
 import importlib
 from dataclasses import dataclass
 
+# rows name their implementation as "module:attr" relative to the plugin package
+PLUGIN_PACKAGE = __package__.rpartition(".")[0]
+
 
 class Kind(str, enum.Enum):
     AROUND = "around"              # HookRegistry: fn(original, *args, **kwargs)
@@ -54,11 +57,11 @@ class Group:
 
 
 EVERY_PROCESS = Group("every process", Moment.REGISTER, "every SGLang process", "plugin enabled", apply_now=False,
-                      predicate="hooks:always")
+                      predicate="seam.hooks:always")
 CPU_ENGINE = Group("cpu engine", Moment.REGISTER, "every SGLang process", "`--device cpu` (SGLANG_USE_CPU_ENGINE=1)",
                    predicate="cpu.platform:cpu_engine_on")
 CPU_STANDIN = Group("cpu stand-in", Moment.SCHEDULER_START, "model-running processes",
-                    "the `sgl_kernel` stand-in is serving", predicate="cpu.hybrid:standin_serving")
+                    "the `sgl_kernel` stand-in is serving", predicate="cpu.hybrid.runtime:standin_serving")
 CHECKPOINT_COMPAT = Group("checkpoint compat", Moment.WORKER_INIT, "schedulers", "always")
 CPU_DFLASH = Group("cpu dflash", Moment.WORKER_INIT, "schedulers", "the target runs on CPU")
 DOMINO_ROLLOUT = Group("domino rollout", Moment.WORKER_INIT, "schedulers", "a Domino draft")
@@ -68,29 +71,29 @@ STEP = Group("step", Moment.STEP, "schedulers", "as stated per row (done by the 
 RESOLVE = Group("resolve", Moment.RESOLUTION, "main process", "as stated per row")
 PLATFORM = Group("platform", Moment.PLATFORM_IMPORT, "every SGLang process", "`--device cpu`")
 DISAGGREGATION = Group("disaggregation", Moment.SCHEDULER_START, "schedulers",
-                       "`--disaggregation-mode prefill|decode`", predicate="scheduler_start:disaggregated")
+                       "`--disaggregation-mode prefill|decode`", predicate="seam.scheduler_start:disaggregated")
 B8_STATE = Group("b8 state buffers", Moment.SCHEDULER_START, "schedulers",
-                 "DFLASH with a draft block wider than the verify window", predicate="scheduler_start:draft_block_wider")
+                 "DFLASH with a draft block wider than the verify window", predicate="seam.scheduler_start:draft_block_wider")
 CPU_DISAGGREGATION = Group("cpu disaggregation", Moment.SCHEDULER_START, "schedulers",
                            "`--disaggregation-mode prefill|decode` with `--device cpu`",
-                           predicate="scheduler_start:disaggregated_on_cpu")
+                           predicate="seam.scheduler_start:disaggregated_on_cpu")
 PENALTIES = Group("penalties", Moment.WORKER_INIT, "schedulers", "always")
 ADAPTIVE_METRICS = Group("adaptive metrics", Moment.WORKER_INIT, "schedulers", "`--speculative-adaptive`")
 CPU_ATTENTION = Group("cpu attention", Moment.SCHEDULER_START, "model-running processes",
                       "`--device cpu`, unless SGLANG_DOMINO_DEBUG=upstream-cpu-attention",
                       predicate="cpu.attention:wanted")
 CPU_FORWARD = Group("cpu compiled forward", Moment.SCHEDULER_START, "model-running processes",
-                    "`--device cpu` with `--enable-torch-compile`", predicate="cpu.switches:compiled_step",
-                    prepare="cpu.switches:persistent_cache")
+                    "`--device cpu` with `--enable-torch-compile`", predicate="cpu.compiled.switches:compiled_step",
+                    prepare="cpu.compiled.switches:persistent_cache")
 
 # hybrid replay (issue 21): rows in the `hybrid replay` block of PATCHES
 HYBRID_REPLAY = Group("hybrid replay", Moment.SCHEDULER_START, "schedulers",
-                      "DFLASH with `--enable-linear-replayssm-spec`", predicate="hybrid_replay:enabled",
-                      prepare="hybrid_replay:prepare")
+                      "DFLASH with `--enable-linear-replayssm-spec`", predicate="serving.hybrid_replay:enabled",
+                      prepare="serving.hybrid_replay:prepare")
 
 # effective max_running_requests (issue 21): rows in the `running requests` block of PATCHES
 RUNNING_REQUESTS = Group("running requests", Moment.SCHEDULER_START, "schedulers", "plugin enabled",
-                         predicate="scheduler_start:a_server")
+                         predicate="seam.scheduler_start:a_server")
 
 # process-wide torch settings of the CPU port, set where their code runs (rows of `PATCHES`)
 CPU_PROCESS = Group("cpu process settings", Moment.SCHEDULER_START, "model-running processes",
@@ -122,7 +125,7 @@ class Patch:
 
     def implementation(self):
         module, attr = self.impl.split(":")
-        obj = importlib.import_module(f"{__package__}.{module}")
+        obj = importlib.import_module(f"{PLUGIN_PACKAGE}.{module}")
         for part in attr.split("."):
             obj = getattr(obj, part)
         return obj

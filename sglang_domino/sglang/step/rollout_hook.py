@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .cpu import rollout as cpu_rollout
-from .sampled_rollout import active_step, domino_sampled_rollout
+from ..cpu.compiled import rollout as cpu_rollout
+from ..sampling.sampled_rollout import active_step, domino_sampled_rollout
 
 
 def around_domino_rollout(original, *args, **kwargs):

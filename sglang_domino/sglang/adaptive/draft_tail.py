@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from .rollout_inputs import padded_block, rollout_modules
+from ..sampling.rollout_inputs import padded_block, rollout_modules
 
 
 class FirstProposals:
@@ -81,7 +81,7 @@ def widened(sampler, window: int):
     sampler widened to it, the q rule's already built for it, or None (eager)."""
     from sglang.srt.speculative.dflash_worker_v2 import _DominoDraftSampler
 
-    from .q_sampler import QRuleDraftSampler
+    from ..sampling.q_sampler import QRuleDraftSampler
 
     if isinstance(sampler, QRuleDraftSampler) and sampler.block_size == int(window):
         return sampler
@@ -97,7 +97,7 @@ def foldable(sampler) -> bool:
     whose sampled outputs are read per request."""
     from sglang.srt.speculative.dflash_worker_v2 import _DflashDraftSampler, _DominoDraftSampler
 
-    from .q_sampler import QRuleDraftSampler
+    from ..sampling.q_sampler import QRuleDraftSampler
 
     return isinstance(sampler, (_DominoDraftSampler, _DflashDraftSampler, QRuleDraftSampler))
 

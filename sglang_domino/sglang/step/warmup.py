@@ -121,8 +121,8 @@ def _warm_chain_accept(n: int, vocab: int, pool_size: int, device) -> None:
     """The q rule's accept (`SampledStep.accept`) on one request with n proposals: q_0 over
     the vocabulary, later proposals over the candidate pool (the whole vocabulary without
     one)."""
-    from ..accept import Uniforms
-    from ..kernels.chain_accept import accept_chain
+    from ...accept import Uniforms
+    from ...kernels.chain_accept import accept_chain
 
     pool = pool_size if 0 < pool_size < vocab else vocab
     probs = torch.full((1, n + 1, vocab), 1.0 / vocab, device=device)
@@ -143,8 +143,8 @@ def warm_cpu_rollout(worker, blocks: Sequence[int]) -> list[tuple[int, int]]:
     each costs seconds, and an adaptive server prices the width whose step paid them from
     that step. Returns the (block, batch size) calls made; none when the step is not
     compiled. A rollout the compiled step cannot run is refused here, at start-up."""
-    from .cpu import rollout as cpu_rollout
-    from .cpu.switches import compiled_step_serving
+    from ..cpu.compiled import rollout as cpu_rollout
+    from ..cpu.compiled.switches import compiled_step_serving
 
     draft = worker.draft_model
     if not compiled_step_serving() or getattr(draft, "prefix_gru", None) is None:

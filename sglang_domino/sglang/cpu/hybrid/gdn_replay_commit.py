@@ -13,9 +13,9 @@ from typing import Optional
 
 import torch
 
-from sglang_domino.sglang.cpu import gdn_ops
-from sglang_domino.sglang.cpu.gdn_replay import (SOFTPLUS_THRESHOLD, compute_gates, expand_heads, normalise_rows,
-                                                 pad_windows, round_to, step_delta_rule)
+from sglang_domino.sglang.cpu.hybrid import gdn_ops
+from sglang_domino.sglang.cpu.hybrid.gdn_replay import (SOFTPLUS_THRESHOLD, compute_gates, expand_heads,
+                                                        normalise_rows, pad_windows, round_to, step_delta_rule)
 
 
 # ---------------------------------------------------------------------------

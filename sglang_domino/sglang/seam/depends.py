@@ -214,7 +214,7 @@ DEPENDS: tuple[Dependency, ...] = (
                "the embedding the eager Domino rollout is given, found as the step finds it (`warmup.warm_cpu_rollout`)",
                params=("draft_model", "target_model")),
     Dependency(f"{_S}.lora.layers.unwrap_lora_layer", "the step's embedding and lm_head without a LoRA wrapper"),
-    # -- the compiled CPU forwards (issue 20, `cpu/compiled_forward.py`) ---------------------
+    # -- the compiled CPU forwards (issue 20, `cpu/compiled/forward.py`) ---------------------
     Dependency(f"{_S}.models.qwen3.Qwen3ForCausalLM", "the one architecture compiled; its embedding, layers, final "
                "norm, lm_head and logits processor read as the eager forward uses them",
                attributes=("model", "lm_head", "logits_processor", "capture_aux_hidden_states", "pp_group")),

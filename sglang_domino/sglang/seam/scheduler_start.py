@@ -9,7 +9,7 @@ recurrent-state pools); `DominoDFlashWorker.__init__` comes after that, too late
 from __future__ import annotations
 
 from . import hooks
-from . import settings as scheduler_settings
+from .. import settings as scheduler_settings
 
 
 def before_init_parallel_runtime(*args, server_args=None, **kwargs):
@@ -29,7 +29,7 @@ def disaggregated(server_args) -> bool:
 
 
 def disaggregated_on_cpu(server_args) -> bool:
-    from .cpu.platform import cpu_engine_on
+    from ..cpu.platform import cpu_engine_on
 
     return disaggregated(server_args) and cpu_engine_on()
 

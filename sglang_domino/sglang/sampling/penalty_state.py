@@ -35,7 +35,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ..penalties import BlockPenalties, apply_block_penalties, commit_counts
+from ...penalties import BlockPenalties, apply_block_penalties, commit_counts
 
 _active: Optional["StepPenalties"] = None
 

@@ -36,9 +36,9 @@ from typing import NamedTuple, Optional
 import torch
 import torch.nn.functional as F
 
-from ..accept import Uniforms, accept_probs, sample_inverse_cdf
-from ..rollout import propose_domino
-from ..sampling import Q_TOP_CAP, DraftQ
+from ...accept import Uniforms, accept_probs, sample_inverse_cdf
+from ...rollout import propose_domino
+from ...sampling import Q_TOP_CAP, DraftQ
 from .rollout_inputs import rollout_inputs
 
 _local = threading.local()
@@ -130,7 +130,7 @@ class UpstreamDominoHead:
 
     The GRU is held as its weights and run one cell step at a time, the prefix included
     (from a zero state, as `nn.GRU` starts): the same recurrence, and one `torch.compile`
-    can trace (it refuses `nn.GRU` modules; `sglang_domino.sglang.cpu.rollout`)."""
+    can trace (it refuses `nn.GRU` modules; `sglang_domino.sglang.cpu.compiled.rollout`)."""
 
     def __init__(self, prefix_gru, embed_proj):
         self.proj = embed_proj
@@ -265,11 +265,11 @@ class SampledStep:
         if pool is None and d.q_rest is not None:
             pool = torch.arange(vocab, device=drafts.device).expand(drafts.shape[0], vocab)
         if target_probs.is_cuda:
-            from ..kernels.chain_accept import accept_chain
+            from ...kernels.chain_accept import accept_chain
 
             return accept_chain(drafts, d.q_draft, d.q_first, pool, d.q_rest, target_probs.float().contiguous(),
                                 uniforms)
-        from ..kernels.chain_accept import densify_q
+        from ...kernels.chain_accept import densify_q
 
         return accept_probs(drafts, densify_q(d.q_first, pool, d.q_rest, vocab), target_probs, uniforms=uniforms)
 

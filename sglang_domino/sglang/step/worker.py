@@ -38,17 +38,20 @@ from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2, SpecTpSyncSi
 from sglang.srt.speculative.draft_worker_common import make_draft_block_spec_info
 from typing_extensions import override
 
-from ..verify_width import AdaptiveWidth, FixedWidth
-from . import draft_tail, hooks, penalty_state, q_sampler, request_accept, warmup
-from . import settings as scheduler_settings
-from .checks import check_draft_against_target, read_draft_config, read_target_config
-from .cpu import dflash as cpu_dflash
-from .decode_step import DecodeStep
-from .draft_context import DeferredContext
+from ..adaptive import AdaptiveWidth, FixedWidth
+from ..adaptive import draft_tail, request_accept
+from ..seam import hooks
+from ..sampling import penalty_state, q_sampler
+from . import warmup
+from .. import settings as scheduler_settings
+from ..checks import check_draft_against_target, read_draft_config, read_target_config
+from ..cpu import dflash as cpu_dflash
+from ..adaptive.decode_step import DecodeStep
+from ..adaptive.draft_context import DeferredContext
 from .draft_block import DraftBlockRunner, reserve_draft_block
 from .exact_accept import ExactAccept
-from .verify_graphs import VerifyGraphs
-from .width_switch import StepTimer, WidthSwitch, broadcast_width
+from ..adaptive.verify_graphs import VerifyGraphs
+from ..adaptive.width_switch import StepTimer, WidthSwitch, broadcast_width
 
 logger = logging.getLogger(__name__)
 
@@ -247,7 +250,7 @@ class DominoDFlashWorker(ExactAccept, DFlashWorkerV2):
         run compiled on CPU (`cpu.compiled_context`), otherwise by upstream."""
         compiled = getattr(self, "_compiled_context", None)   # unset while upstream's __init__ runs
         if compiled is not None:
-            from .cpu import compiled_context
+            from ..cpu.compiled import context as compiled_context
 
             return compiled_context.write(compiled, self.draft_model_runner.token_to_kv_pool, **kwargs)
         return super()._append_target_hidden_to_draft_kv_by_loc(**kwargs)

@@ -273,7 +273,7 @@ class CompiledDraft(_CompiledModel):
     write compiled (`compiled_context`, read by the worker)."""
 
     def __init__(self, model):
-        from .compiled_context import CompiledContext
+        from .context import CompiledContext
 
         super().__init__(model, model.embed_tokens, model.layers, model.norm)
         self.context = CompiledContext(model)
@@ -296,7 +296,7 @@ def serving_rows(server_args, draft: bool) -> list[int]:
     """The row counts the model's forward serves in decode steps: the target's verify (or
     plain decode) at every width, a draft's block, for 1 to `max_running_requests`
     requests (at most WARM_BATCH_CAP)."""
-    from ..settings import current
+    from ...settings import current
 
     batch = min(int(getattr(server_args, "max_running_requests", None) or WARM_BATCH_CAP), WARM_BATCH_CAP)
     if not getattr(server_args, "speculative_algorithm", None):

@@ -1,5 +1,5 @@
 """One verify width per decode step in `DominoDFlashWorker` (the mechanism; the policy is
-`sglang_domino.verify_width`).
+`sglang_domino.sglang.adaptive`).
 
 0.5.23's `DFlashWorkerV2.forward_batch_generation` reads its width from `self.block_size`
 on every use: the draft block buffers and positions, the draft hidden-state view, the
@@ -24,7 +24,7 @@ from typing import Optional
 import torch
 
 from . import draft_tail
-from .hooks import WIDTH_STATE
+from ..seam.hooks import WIDTH_STATE
 
 
 def _fresh_state(width: int, device) -> dict:

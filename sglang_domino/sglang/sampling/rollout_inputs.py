@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from ..config import predicting_slots
+from ...config import predicting_slots
 
 
 def padded_block(hidden_states: torch.Tensor, slots: int, width: int) -> torch.Tensor:

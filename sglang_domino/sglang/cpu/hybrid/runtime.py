@@ -38,6 +38,6 @@ def before_init_parallel_runtime(*args, **kwargs):
     """Every model-running CPU process at scheduler start: the groups of the manifest for
     these processes whose predicate holds (the stand-in's replacements, the batched
     torch_native attention, the compiled step)."""
-    from .. import hooks
+    from ...seam import hooks
 
     hooks.install_moment(hooks.Moment.SCHEDULER_START, kwargs.get("server_args"), processes="model-running processes")

@@ -47,9 +47,9 @@ class AdaptiveWidthConfig(BaseModel):
     calibrate: bool = True
     calibration_decay: float = Field(0.99, gt=0.0, le=1.0)
     # width-1 steps write the draft's context when the draft next needs it
-    # (`sglang_domino.sglang.draft_context`); False: after every step, as upstream does
+    # (`sglang_domino.sglang.adaptive.draft_context`); False: after every step, as upstream does
     defer_context: bool = True
-    # width-1 steps run without the draft side (`sglang_domino.sglang.decode_step`: the
+    # width-1 steps run without the draft side (`sglang_domino.sglang.adaptive.decode_step`: the
     # target's decode path on CPU, its one-token verify on CUDA); False: upstream's step at
     # one token, as before
     decode_step: bool = True

@@ -31,13 +31,13 @@ import importlib
 import pkgutil
 
 # the vocabulary and the groups, read as `hooks.X` by the code that installs a group
-from .manifest import (ADAPTIVE_METRICS, B8_RESERVATION, B8_STATE, CHECKPOINT_COMPAT,
-                       CPU_ATTENTION, CPU_DFLASH, CPU_DISAGGREGATION, CPU_ENGINE, CPU_FORWARD, CPU_PROCESS, CPU_STANDIN,
-                       DISAGGREGATION, DOMINO_ROLLOUT, EVERY_PROCESS, GROUPS, HOOK_KINDS, HYBRID_REPLAY,
-                       INSTALLED_BY_GROUP, PENALTIES, PLATFORM, RESOLVE, RUNNING_REQUESTS, STEP, WORKER, Dependency,
-                       Group, Kind, Moment, Patch)
-from .manifest_depends import DEPENDS
-from .manifest_patches import PATCHES, WIDTH_STATE
+from .manifest import (ADAPTIVE_METRICS, B8_RESERVATION, B8_STATE, CHECKPOINT_COMPAT, CPU_ATTENTION, CPU_DFLASH,
+                       CPU_DISAGGREGATION, CPU_ENGINE, CPU_FORWARD, CPU_PROCESS, CPU_STANDIN, DISAGGREGATION,
+                       DOMINO_ROLLOUT, EVERY_PROCESS, GROUPS, HOOK_KINDS, HYBRID_REPLAY, INSTALLED_BY_GROUP,
+                       PENALTIES, PLATFORM, RESOLVE, RUNNING_REQUESTS, STEP, WORKER, Dependency, Group, Kind, Moment,
+                       PLUGIN_PACKAGE, Patch)
+from .depends import DEPENDS
+from .patches import PATCHES, WIDTH_STATE
 
 # -- installing ---------------------------------------------------------------------------
 _installed: set[str] = set()
@@ -81,7 +81,7 @@ def always(_context=None) -> bool:
 
 def _function(spec: str):
     module, attr = spec.split(":")
-    return getattr(importlib.import_module(f"{__package__}.{module}"), attr)
+    return getattr(importlib.import_module(f"{PLUGIN_PACKAGE}.{module}"), attr)
 
 
 def install_group(group: Group, context=None) -> bool:

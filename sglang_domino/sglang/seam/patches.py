@@ -38,12 +38,12 @@ PATCHES: tuple[Patch, ...] = (
           "prompt token ids outside the vocabulary are refused instead of killing the scheduler",
           params=("obj", "input_ids")),
     Patch("request_proposals_kept", f"{_S}.managers.tokenizer_manager.TokenizerManager.update_request_meta_info",
-          "request_accept:around_update_request_meta_info", Kind.AROUND, EVERY_PROCESS,
+          "adaptive.request_accept:around_update_request_meta_info", Kind.AROUND, EVERY_PROCESS,
           "an adaptive server's per-request proposal count (customized info) is kept on the request's state, "
           "not accumulated into meta_info; other customized info passes unchanged",
           params=("meta_info", "state", "customized_info", "index", "finish_reason")),
     Patch("request_accept_rate", f"{_S}.managers.tokenizer_manager.TokenizerManager._calculate_spec_decoding_metrics",
-          "request_accept:around_calculate_spec_decoding_metrics", Kind.AROUND, EVERY_PROCESS,
+          "adaptive.request_accept:around_calculate_spec_decoding_metrics", Kind.AROUND, EVERY_PROCESS,
           "meta_info.spec_accept_rate of an adaptive server's request divides by the proposals its steps "
           "verified, not by every step at the largest width",
           params=("meta_info", "recv_obj", "i")),
@@ -56,7 +56,7 @@ PATCHES: tuple[Patch, ...] = (
           EVERY_PROCESS, "a CPU decode server's retraction backup is cpu_tensor; host_pool (cudaHostRegister) "
           "refused at start-up"),
     Patch("scheduler_start_groups", f"{_S}.distributed.bootstrap.init_parallel_runtime",
-          "scheduler_start:before_init_parallel_runtime", Kind.BEFORE, EVERY_PROCESS,
+          "seam.scheduler_start:before_init_parallel_runtime", Kind.BEFORE, EVERY_PROCESS,
           "installs, before the pools are built, `running requests` in every scheduler, the `disaggregation` "
           "groups in a PD server's schedulers, `b8 state buffers` when the draft block is wider than the window "
           "and `hybrid replay` for DFLASH with `--enable-linear-replayssm-spec`",
@@ -71,21 +71,21 @@ PATCHES: tuple[Patch, ...] = (
           "no PyNccl or custom all-reduce on CPU: gloo does every collective",
           params=("use_pynccl", "use_custom_allreduce")),
     Patch("scheduler_start", f"{_S}.distributed.bootstrap.init_parallel_runtime",
-          "cpu.hybrid:before_init_parallel_runtime", Kind.BEFORE, CPU_ENGINE,
+          "cpu.hybrid.runtime:before_init_parallel_runtime", Kind.BEFORE, CPU_ENGINE,
           "installs the `cpu stand-in` and `cpu attention` groups in the processes that run a model"),
     Patch("draft_backend_choice", f"{_S}.arg_groups.choices.DRAFT_ATTENTION_BACKEND_CHOICES",
           "cpu.dflash:allow_torch_native_draft_backend", Kind.CALL, CPU_ENGINE,
           "torch_native accepted as the draft attention backend (else flashinfer is chosen)"),
     # -- model-running CPU processes while the sgl_kernel stand-in serves ----------------
     Patch("rms_norm_gated", "sglang.kernels.ops.attention.fla.layernorm_gated.RMSNorm.forward",
-          "cpu.qwen3_5_ops:rms_norm_gated_forward", Kind.REPLACE, CPU_STANDIN,
+          "cpu.hybrid.qwen3_5_ops:rms_norm_gated_forward", Kind.REPLACE, CPU_STANDIN,
           "the Qwen3.5 gated-delta-net output norm is Triton-only without AMX"),
     Patch("fused_rms_norm_gated", "sglang.kernels.ops.attention.fla.fused_norm_gate.FusedRMSNormGated.forward",
-          "cpu.qwen3_5_ops:fused_rms_norm_gated_forward", Kind.REPLACE, CPU_STANDIN,
+          "cpu.hybrid.qwen3_5_ops:fused_rms_norm_gated_forward", Kind.REPLACE, CPU_STANDIN,
           "Qwen3-Next's gated norm, Triton-only without AMX"),
     Patch("mamba_state_scatter",
           "sglang.kernels.ops.mamba.mamba_state_scatter_triton.scatter_mamba_states_after_mtp_verify",
-          "cpu.gdn_ops:scatter_mamba_states_after_mtp_verify", Kind.REPLACE, CPU_STANDIN,
+          "cpu.hybrid.gdn_ops:scatter_mamba_states_after_mtp_verify", Kind.REPLACE, CPU_STANDIN,
           "the accepted position's recurrent state committed after a verify; upstream's raises for CPU tensors",
           params=("mamba_caches", "state_indices_tensor", "last_correct_step_indices", "mamba_track_indices",
                   "mamba_steps_to_track", "src_indices_raw")),
@@ -103,18 +103,18 @@ PATCHES: tuple[Patch, ...] = (
           params=(*_SDPA_PARAMS, "extend_prefix_lens", "extend_seq_lens")),
     # -- model-running CPU processes, `--enable-torch-compile`: the target's and the draft's layers compiled --
     Patch("cpu_compiled_forward", f"{_S}.model_executor.model_runner.ModelRunner.load_model",
-          "cpu.compiled_forward:after_load_model", Kind.AFTER, CPU_FORWARD,
+          "cpu.compiled.forward:after_load_model", Kind.AFTER, CPU_FORWARD,
           "a CPU model's layers run as one torch.compile graph (0.5.23's eager forward is mostly Python and "
           "dispatch at small sizes, and does not compile as it stands); compiled before the first request"),
     Patch("cpu_no_upstream_graph_runner",
           f"{_S}.model_executor.model_runner_components.cuda_graph_setup.capture_decode_graph",
-          "cpu.compiled_forward:around_capture_decode_graph", Kind.AROUND, CPU_FORWARD,
+          "cpu.compiled.forward:around_capture_decode_graph", Kind.AROUND, CPU_FORWARD,
           "the compiled layers serve every CPU step: 0.5.23's CPUGraphRunner, which the flag would build, needs "
           "the intel_amx attention backend (AttributeError with torch_native) and refuses speculative servers",
           params=("model_runner",)),
     # -- schedulers of a PD server, at scheduler start ------------------------------------
     Patch("pd_draft_check", f"{_S}.disaggregation.decode.DecodePreallocQueue._init_receiver",
-          "disaggregation:around_init_receiver", Kind.AROUND, DISAGGREGATION,
+          "serving.disaggregation:around_init_receiver", Kind.AROUND, DISAGGREGATION,
           "a decode server checks each prefill server's draft on first contact: warns, naming the fix, when "
           "the prompt's draft context would not arrive or not fit; refuses the pair that would crash",
           params=("decode_req",)),
@@ -127,7 +127,7 @@ PATCHES: tuple[Patch, ...] = (
           CPU_DISAGGREGATION, "on CPU a cached prefix is sent early without a torch.cuda.Event: the forward "
           "that wrote it has returned", params=("req",)),
     Patch("b8_state_buffers", f"{_S}.mem_cache.memory_pool.HybridReqToTokenPool._init_mamba_pool",
-          "draft_block:around_init_mamba_pool", Kind.AROUND, B8_STATE,
+          "step.draft_block:around_init_mamba_pool", Kind.AROUND, B8_STATE,
           "a hybrid target's per-position recurrent-state buffers sized for the verify window (0.5.23 sizes "
           "them with the draft block, which the plugin's max draft tokens report, and budgets the window)",
           params=("speculative_num_draft_tokens",)),
@@ -159,54 +159,54 @@ PATCHES: tuple[Patch, ...] = (
           "cpu.dflash:keep_input_embeds_dtype", Kind.INSTANCE, WORKER,
           "a draft that is not bf16: upstream casts the draft block's input_embeds to bf16",
           params=("forward_batch", "pp_proxy_tensors")),
-    Patch("domino_rollout", f"{_W2}.domino_greedy_rollout", "rollout_hook:around_domino_rollout", Kind.AROUND,
+    Patch("domino_rollout", f"{_W2}.domino_greedy_rollout", "step.rollout_hook:around_domino_rollout", Kind.AROUND,
           DOMINO_ROLLOUT, "width-1 steps propose nothing; the eager feedback embedding looked up plainly; "
           "the q rule's sampled rollout; on CPU, opt-in, the greedy rollout compiled",
           params=("draft_hidden", "lm_head_weight", "vocab_size", "shift_label", "tp_group", "lm_head_num_org_padded",
                   "candidate_pool_size", "bonus_tokens", "target_embedding", "prefix_gru", "embed_proj",
                   "in_cuda_graph")),
     Patch("b8_reservation", f"{_S}.speculative.dflash_info_v2.page_aligned_decode_alloc_lens",
-          "draft_block:around_decode_alloc_lens", Kind.AROUND, B8_RESERVATION,
+          "step.draft_block:around_decode_alloc_lens", Kind.AROUND, B8_RESERVATION,
           "the decode KV reservation covers the whole draft block",
           params=("reqs", "reserve")),
     Patch("verify_logits_adjustments", f"{_W2}.apply_dflash_verify_logits_adjustments",
-          "penalty_state:around_verify_logits_adjustments", Kind.AROUND, PENALTIES,
+          "sampling.penalty_state:around_verify_logits_adjustments", Kind.AROUND, PENALTIES,
           "a penalised step's adjustments are the worker's, per position of the block (0.5.23 broadcasts one "
           "penalty over the block and feeds its penalizers no output); other callers and steps get upstream's",
           params=("next_token_logits", "sampling_info", "draft_token_num")),
     Patch("adaptive_accept_rate",
           f"{_S}.managers.scheduler_components.metrics_reporter.SchedulerMetricsReporter.report_decode_stats",
-          "metrics:around_report_decode_stats", Kind.AROUND, ADAPTIVE_METRICS,
+          "adaptive.metrics:around_report_decode_stats", Kind.AROUND, ADAPTIVE_METRICS,
           "the logged and exported accept rate divides by the proposals adaptive steps verified, not by every "
           "step at the largest width"),
     Patch("request_proposals_sent", f"{_S}.managers.scheduler.Scheduler.get_output_streamer_class",
-          "request_accept:around_get_output_streamer_class", Kind.AROUND, ADAPTIVE_METRICS,
+          "adaptive.request_accept:around_get_output_streamer_class", Kind.AROUND, ADAPTIVE_METRICS,
           "the output streamer adds each request's count of verified proposals to its outputs (0.5.23's "
           "customized-info channel), for its accept rate in meta_info"),
     Patch("first_verify_log", f"{_S}.managers.tp_worker.TpModelWorker.forward_batch_generation",
-          "worker:FirstVerifyLog", Kind.INSTANCE, WORKER,
+          "step.worker:FirstVerifyLog", Kind.INSTANCE, WORKER,
           "the target worker of a DominoDFlashWorker: the first verify's width logged (what the target computed "
           "per request); the batch is passed on unchanged",
           params=("forward_batch", "is_verify")),
     Patch("q_rule_tp_broadcast", f"{_S}.model_executor.model_runner.ModelRunner.forward",
-          "q_sampler:BroadcastProposals", Kind.INSTANCE, WORKER,
+          "sampling.q_sampler:BroadcastProposals", Kind.INSTANCE, WORKER,
           "the draft runner's forward under TP with the q rule's graph: after a replay of a sampled step, rank 0's "
           "proposals broadcast to every rank before upstream reads them for the verify",
           params=("forward_batch",)),
     Patch("draft_block_runner", f"{_S}.model_executor.model_runner.ModelRunner.forward",
-          "draft_block:DraftBlockRunner", Kind.INSTANCE, WORKER,
+          "step.draft_block:DraftBlockRunner", Kind.INSTANCE, WORKER,
           "the draft runner of a DominoDFlashWorker runs on the draft block when it differs from the verify window",
           params=("forward_batch",)),
     # -- schedulers, every decode step ----------------------------------------------------
-    Patch("width_state", f"{_W2}.DFlashWorkerV2", "width_switch:WidthSwitch", Kind.STEP_STATE, STEP,
+    Patch("width_state", f"{_W2}.DFlashWorkerV2", "adaptive.width_switch:WidthSwitch", Kind.STEP_STATE, STEP,
           "--speculative-adaptive: upstream's step runs unchanged at the chosen width; the in-graph "
           "sampler's block-wide proposals read at that width (`draft_tail.FirstProposals`)",
           attributes=("block_size", "speculative_num_draft_tokens", "_draft_sampler", *WIDTH_STATE)),
-    Patch("verify_graphs", f"{_S}.model_executor.model_runner.ModelRunner", "verify_graphs:VerifyGraphs",
+    Patch("verify_graphs", f"{_S}.model_executor.model_runner.ModelRunner", "adaptive.verify_graphs:VerifyGraphs",
           Kind.STEP_STATE, STEP, "--speculative-adaptive with target decode graphs: the target verifies a step at "
           "another width on that width's attention backend and graph (captured at start-up), so it replays",
           attributes=("attn_backend", "decode_cuda_graph_runner")),
-    Patch("q_rule_sampler", f"{_W2}.DFlashWorkerV2", "worker:DominoDFlashWorker._forward_with_q_rollout",
+    Patch("q_rule_sampler", f"{_W2}.DFlashWorkerV2", "step.worker:DominoDFlashWorker._forward_with_q_rollout",
           Kind.STEP_STATE, STEP, "the q rule without its captured rollout (no draft graph, no candidate pool): "
           "the in-graph greedy sampler unread for a step with sampled requests; with it, each decode step stages its "
           "rows' sampling parameters for the draft replay (`q_sampler.QRuleDraftSampler`)",
@@ -223,20 +223,20 @@ PATCHES: tuple[Patch, ...] = (
     # -- hybrid replay (issue 21): DFLASH on a gated delta-net target with 0.5.23's ------
     # -- `--enable-linear-replayssm-spec` (`hybrid_replay.py`); CPU kernels in `cpu stand-in`
     Patch("replay_pool_gate", f"{_S}.mem_cache.kv_cache_configurator.KVCacheConfigurator._build_hybrid_req_pool",
-          "hybrid_replay:around_build_hybrid_req_pool", Kind.AROUND, HYBRID_REPLAY,
+          "serving.hybrid_replay:around_build_hybrid_req_pool", Kind.AROUND, HYBRID_REPLAY,
           "0.5.23's 'requires a KDA model' refusal lifted for a GDN target (its commit is this plugin's); the "
           "ring length checked against the verify window; the state memory logged"),
     Patch("replay_commit",
           f"{_S}.layers.attention.hybrid_linear_attn_backend.HybridLinearAttnBackend."
           "update_mamba_state_after_mtp_verify",
-          "hybrid_replay:around_update_mamba_state_after_mtp_verify", Kind.AROUND, HYBRID_REPLAY,
+          "serving.hybrid_replay:around_update_mamba_state_after_mtp_verify", Kind.AROUND, HYBRID_REPLAY,
           "DFLASH's commit on a pool with GDN replay rings: 0.5.23's ReplaySSM cursor advance, fold and conv "
           "rollback (`spec_utils`), not the scatter of per-position states (not allocated)",
           params=("last_correct_step_indices", "mamba_track_indices", "mamba_steps_to_track", "model",
                   "req_pool_indices")),
     Patch("replay_verify_cpu",
           "sglang.kernels.ops.attention.linear.gdn_replayssm_spec_decode.gdn_replayssm_spec_decode",
-          "cpu.gdn_replay:gdn_replayssm_spec_decode", Kind.REPLACE, CPU_STANDIN,
+          "cpu.hybrid.gdn_replay:gdn_replayssm_spec_decode", Kind.REPLACE, CPU_STANDIN,
           "the GDN replay verify (imported inside `_replayssm_target_verify`); Triton-only upstream",
           params=("q", "k", "v", "a", "b", "A_log", "dt_bias", "checkpoint_state", "d_cache", "k_cache", "g_cache",
                   "rawv_cache", "rawk_cache", "beta_cache", "out", "query_start_loc", "ssm_state_indices",
@@ -244,35 +244,35 @@ PATCHES: tuple[Patch, ...] = (
                   "use_qk_l2norm_in_kernel", "null_block_id", "launch_mode")),
     Patch("replay_cursors_cpu",
           "sglang.kernels.ops.attention.linear.gdn_replayssm_spec_decode.commit_gdn_replayssm_spec",
-          "cpu.gdn_replay_commit:commit_gdn_replayssm_spec", Kind.REPLACE, CPU_STANDIN,
+          "cpu.hybrid.gdn_replay_commit:commit_gdn_replayssm_spec", Kind.REPLACE, CPU_STANDIN,
           "the replay commit's cursor advance; Triton-only upstream",
           params=("write_pos", "cache_base", "is_flush", "num_accepted", "replay_indices", "max_cache_len",
                   "max_spec_len", "fold_every_commit", "null_block_id")),
     Patch("replay_fold_cpu",
           "sglang.kernels.ops.attention.linear.gdn_replayssm_spec_decode.commit_gdn_replayssm_circular",
-          "cpu.gdn_replay_commit:commit_gdn_replayssm_circular", Kind.REPLACE, CPU_STANDIN,
+          "cpu.hybrid.gdn_replay_commit:commit_gdn_replayssm_circular", Kind.REPLACE, CPU_STANDIN,
           "the replay commit's fold of a row's records into its checkpoint; Triton-only upstream",
           params=("checkpoint_state", "d_cache", "k_cache", "g_cache", "d_residual_cache", "k_residual_cache",
                   "state_batch_indices", "replay_indices", "write_pos", "cache_base", "is_flush", "accept_lens",
                   "mamba_track_indices", "mamba_steps_to_track", "null_block_id")),
     Patch("replay_conv_cpu", "sglang.kernels.ops.mamba.mamba_state_scatter_triton.fused_conv_window_scatter_with_mask",
-          "cpu.gdn_replay_commit:fused_conv_window_scatter_with_mask", Kind.REPLACE, CPU_STANDIN,
+          "cpu.hybrid.gdn_replay_commit:fused_conv_window_scatter_with_mask", Kind.REPLACE, CPU_STANDIN,
           "the conv windows' rollback (not replayed: kept per position); raises for CPU tensors upstream",
           params=("dst", "src", "dst_indices_raw", "step_indices_raw", "src_indices_raw")),
     # -- running requests (issue 21): the effective max_running_requests reported -------
     Patch("running_requests_bounds", f"{_S}.mem_cache.kv_cache_configurator.KVCacheConfigurator.resolve_max_num_reqs",
-          "running_requests:around_resolve_max_num_reqs", Kind.AROUND, RUNNING_REQUESTS,
+          "serving.running_requests:around_resolve_max_num_reqs", Kind.AROUND, RUNNING_REQUESTS,
           "records the KV and mamba-state bounds it applies, so the summary warning names its cause",
           params=("token_capacity",)),
     Patch("running_requests_report", f"{_S}.managers.scheduler.Scheduler.get_init_info",
-          "running_requests:after_get_init_info", Kind.AFTER, RUNNING_REQUESTS,
+          "serving.running_requests:after_get_init_info", Kind.AFTER, RUNNING_REQUESTS,
           "`/server_info`'s top-level max_running_requests is the value the scheduler admits after every cap "
           "(the request under requested_max_running_requests); one warning when it is below the request"),
     # -- process-wide torch settings of the CPU port ---------------------------------------
-    Patch("dynamo_recompile_limit", "torch._dynamo.config.recompile_limit", "cpu.switches:allow_graphs", Kind.PROCESS,
+    Patch("dynamo_recompile_limit", "torch._dynamo.config.recompile_limit", "cpu.compiled.switches:allow_graphs", Kind.PROCESS,
           CPU_PROCESS, "with --enable-torch-compile: each compiled function of the CPU step may hold 16 graphs "
           "(never lowered), so no shape the warm-up compiled runs eagerly past torch's default of 8"),
-    Patch("recompile_log", "torch._logging.set_logs", "cpu.compiled_forward:after_load_model", Kind.PROCESS,
+    Patch("recompile_log", "torch._logging.set_logs", "cpu.compiled.forward:after_load_model", Kind.PROCESS,
           CPU_PROCESS, "with --enable-torch-compile, after the warm-up: a graph compiled while serving is logged "
           "with the guard that failed"),
     Patch("cpu_rank_threads", "torch.set_num_threads", "cpu.parallel:_pin", Kind.PROCESS, CPU_PROCESS,

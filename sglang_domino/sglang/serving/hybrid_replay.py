@@ -2,7 +2,7 @@
 with 0.5.23's own `--enable-linear-replayssm-spec` (issue 21, part 1).
 
 0.5.23's GDN ReplaySSM speculative verify ("compact circular ring", see
-`cpu/gdn_replay.py`) keeps, per request, the committed checkpoint (the pool's `temporal`)
+`cpu/hybrid/gdn_replay.py`) keeps, per request, the committed checkpoint (the pool's `temporal`)
 and the (d, k, g) records of the tokens committed since, instead of a full recurrent state
 per verified position (`intermediate_ssm`, which the pool then does not allocate). The
 verify reconstructs the window's outputs from them and writes the window's records past
@@ -25,7 +25,7 @@ refuses outright with a non-KDA target. Installed in the schedulers at scheduler
 
 The verify needs no hook: `GDNAttnBackend` routes a TARGET_VERIFY to
 `_replayssm_target_verify` as soon as the pool has the rings. On CPU the Triton kernels
-are replaced by `cpu/gdn_replay.py` (rows of the `cpu stand-in` group).
+are replaced by `cpu/hybrid/gdn_replay.py` (rows of the `cpu stand-in` group).
 
 Fold policy: 0.5.23 folds every commit only for a non-fp32 checkpoint. Here every commit
 also folds while the radix cache is on: a finished request donates `temporal` to the radix
@@ -209,7 +209,7 @@ def commit_accepted_prefix(spec_state, mamba_pool, *, slots, rows, last_correct_
     cursors advanced by the accepted count (bonus included), the flagged rows' records
     folded into their checkpoints (all layers), the conv windows rolled back to the last
     accepted position. The kernels are looked up in their modules at call time, so the
-    CPU replacements (`cpu/gdn_replay.py`) serve on CPU."""
+    CPU replacements (`cpu/hybrid/gdn_replay.py`) serve on CPU."""
     from sglang.kernels.ops.attention.linear import gdn_replayssm_spec_decode as decode
     from sglang.kernels.ops.mamba import mamba_state_scatter_triton as scatter
 
