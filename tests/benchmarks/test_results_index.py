@@ -1,5 +1,7 @@
 """benchmarks/results/README.md is what `python -m benchmarks.results_index` writes, it has a row
-for every entry of benchmarks/results, and every `benchmarks/results/...` path the docs cite exists."""
+for every entry of benchmarks/results, and every `benchmarks/results/...` path the docs cite exists:
+in the tree, or, quoted after a git revision (`git show REV:benchmarks/results/...`, how the
+results log names a superseded run that has left the tree), at that revision."""
 
 import dataclasses
 import itertools
@@ -16,7 +18,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 PAGES = ["README.md"] + [os.path.join("docs", f) for f in sorted(os.listdir(os.path.join(ROOT, "docs")))
                          if f.endswith(".md")]
-CITED = re.compile(r"benchmarks/results/[\w.\-/{},]*")
+# A results path, with the git revision it is quoted at (`REV:benchmarks/results/...`) where there is one.
+CITED = re.compile(r"(?:\b([0-9a-f]{7,40}):)?(benchmarks/results/[\w.\-/{},]*)")
 
 
 def _git_history() -> bool:
@@ -51,12 +54,52 @@ def _expand(path: str) -> list[str]:
     return ["".join(chosen) for chosen in itertools.product(*options)]
 
 
+def _cited(text: str) -> tuple[set[str], set[tuple[str, str]]]:
+    """The results paths `text` cites: those in the tree, and (revision, path) for those it
+    quotes at a git revision (`git show REV:path`), which need not be in the tree."""
+    in_tree, at_revision = set(), set()
+    for rev, path in CITED.findall(text):
+        path = path.rstrip(".,;:")
+        if rev:
+            at_revision.add((rev, path))
+        else:
+            in_tree.add(path)
+    return in_tree, at_revision
+
+
+def _read(page: str) -> str:
+    with open(os.path.join(ROOT, page), encoding="utf-8") as fh:
+        return fh.read()
+
+
+def test_a_path_quoted_at_a_git_revision_is_not_looked_for_in_the_tree():
+    text = ("Records: [here](../benchmarks/results/here/interleaved_ab.md), "
+            "`git show bda4a0e:benchmarks/results/gone/interleaved_ab.md`; "
+            "`git show 0123456789abcdef0123456789abcdef01234567:benchmarks/results/gone-too/`.\n"
+            "Not a revision: note:benchmarks/results/kept/, zbda4a0e:benchmarks/results/also-kept.json.")
+    in_tree, at_revision = _cited(text)
+    assert in_tree == {"benchmarks/results/here/interleaved_ab.md", "benchmarks/results/kept/",
+                       "benchmarks/results/also-kept.json"}
+    assert at_revision == {("bda4a0e", "benchmarks/results/gone/interleaved_ab.md"),
+                           ("0123456789abcdef0123456789abcdef01234567", "benchmarks/results/gone-too/")}
+
+
 @pytest.mark.parametrize("page", PAGES)
 def test_every_results_path_the_docs_cite_exists(page):
-    with open(os.path.join(ROOT, page), encoding="utf-8") as fh:
-        cited = {p.rstrip(".,;:") for p in CITED.findall(fh.read())}
-    missing = [p for c in sorted(cited) for p in _expand(c)
+    in_tree, _ = _cited(_read(page))
+    missing = [p for c in sorted(in_tree) for p in _expand(c)
                if p.rstrip("/") != "benchmarks/results" and not os.path.exists(os.path.join(ROOT, p))]
+    assert not missing, f"{page}: {missing}"
+
+
+@pytest.mark.skipif(not _git_history(), reason="no git history here to look the revisions up in")
+@pytest.mark.parametrize("page", PAGES)
+def test_every_results_path_the_docs_quote_at_a_git_revision_is_there(page):
+    """A superseded run that has left the tree is still at the revision the docs quote it at."""
+    _, at_revision = _cited(_read(page))
+    missing = [f"{rev}:{p}" for rev, c in sorted(at_revision) for p in _expand(c)
+               if subprocess.run(["git", "cat-file", "-e", f"{rev}:{p}"], cwd=ROOT, capture_output=True,
+                                 timeout=60).returncode != 0]
     assert not missing, f"{page}: {missing}"
 
 
