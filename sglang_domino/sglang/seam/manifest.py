@@ -1,7 +1,8 @@
 """The seam's vocabulary: how a patch of 0.5.23 is changed (`Kind`), when (`Moment`), the
 install units (`Group`), a row (`Patch`) and a relied-on symbol (`Dependency`). The rows
-themselves are `manifest_patches.PATCHES` and `manifest_depends.DEPENDS`; `hooks.py`
-installs them and is what the rest of the plugin imports. Imports nothing heavy."""
+themselves are `patches.PATCHES` and `depends.DEPENDS`; `hooks.py` installs them and is
+what the rest of the plugin imports; `groups_table()` is the install table UPSTREAM.md and
+docs/architecture.md show (a test holds them equal). Imports nothing heavy."""
 
 from __future__ import annotations
 
@@ -142,3 +143,22 @@ class Dependency:
 
 _S = "sglang.srt"
 _W2 = f"{_S}.speculative.dflash_worker_v2"
+
+
+def groups_table(patches) -> str:
+    """Every install group as a markdown table, in the order of its moment: where it is
+    installed, in which processes, under which condition, by what, and how many rows it holds.
+    UPSTREAM.md and docs/architecture.md show it verbatim (tests/sglang/test_seam.py)."""
+    order = list(Moment)
+    counts = {g.name: sum(1 for p in patches if p.group is g) for g in GROUPS}
+    rows = ["| moment | group | processes | condition | installed by | rows |", "|---|---|---|---|---|---|"]
+    for g in sorted(GROUPS, key=lambda g: order.index(g.moment)):
+        if g.predicate:
+            by = f"`install_moment`, predicate `{g.predicate}`" + (f", prepared by `{g.prepare}`" if g.prepare else "")
+        elif g.moment in (Moment.WORKER_INIT, Moment.STEP):
+            by = "the worker (`step/worker.py`)"
+        else:
+            by = "the code its rows name"
+        rows.append(f"| {g.moment.value} | {g.name} | {g.processes} | {g.when.replace('|', chr(92) + '|')} | {by} "
+                    f"| {counts[g.name]} |")
+    return "\n".join(rows)
