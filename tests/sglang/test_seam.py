@@ -5,16 +5,18 @@ channel to the schedulers round-trips."""
 
 from __future__ import annotations
 
+import importlib
 import os
 
 import pytest
 from pydantic import ValidationError
 
-from sglang_domino.sglang.seam import hooks
+from sglang_domino.sglang.seam import hooks, manifest
 from sglang_domino.sglang import settings
 from sglang_domino.sglang.adaptive import AdaptiveWidthConfig
 from tests.sglang.probes import run_probe
 
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 UPSTREAM_MD = os.path.join(os.path.dirname(hooks.__file__), "UPSTREAM.md")
 CPU_ARGV = ("sglang", "serve", "--device", "cpu")
 
@@ -66,6 +68,30 @@ def test_upstream_md_documents_every_row(target):
     assert _short(target) in text, f"UPSTREAM.md does not name {_short(target)} ({target})"
 
 
+@pytest.mark.parametrize("page", [UPSTREAM_MD, os.path.join(ROOT, "docs", "architecture.md")])
+def test_the_pages_show_the_manifests_install_groups(page):
+    """The install table is written by the manifest, so a group added, moved to another moment
+    or given another predicate changes the pages (regenerate with `manifest.groups_table`)."""
+    with open(page, encoding="utf-8") as fh:
+        assert manifest.groups_table(hooks.PATCHES) in fh.read(), f"{page}: paste manifest.groups_table(PATCHES)"
+
+
+def test_every_row_names_an_implementation_that_exists():
+    """Rows and group predicates name `module:attr` under the plugin package; a moved module
+    must not leave a row pointing at nothing."""
+    specs = [p.impl for p in hooks.PATCHES] + [s for g in hooks.GROUPS for s in (g.predicate, g.prepare) if s]
+    broken = []
+    for spec in specs:
+        module, attr = spec.split(":")
+        try:
+            obj = importlib.import_module(f"{manifest.PLUGIN_PACKAGE}.{module}")
+            for part in attr.split("."):
+                obj = getattr(obj, part)
+        except (ImportError, AttributeError) as exc:
+            broken.append(f"{spec}: {exc}")
+    assert not broken, broken
+
+
 def test_rows_are_unique_and_grouped():
     names = [p.name for p in hooks.PATCHES]
     assert len(names) == len(set(names))
@@ -97,17 +123,39 @@ def test_settings_refuse_what_resolution_never_writes(monkeypatch):
         settings.current()
 
 
-def test_the_manifest_drives_the_register_and_scheduler_start_installs():
-    """Every group installed at `register()` or at scheduler start carries its predicate (and
-    any preparation) in the manifest, resolvable here; `hooks.install_moment` installs them.
-    The worker's groups are installed by the worker at the points of its construction they
-    need, so they carry none."""
-    driven = (hooks.Moment.REGISTER, hooks.Moment.SCHEDULER_START)
+def test_the_manifest_drives_every_install_moment():
+    """Every group of installable rows carries its predicate (and any preparation) in the
+    manifest, resolvable here, and `hooks.install_moment` installs it: at `register()`, at
+    scheduler start and before and after 0.5.23's worker constructor. Groups of rows their
+    own code does (instance patches, per-step state, process settings) carry none."""
     for group in hooks.GROUPS:
         installable = any(p.kind in hooks.INSTALLED_BY_GROUP for p in hooks.rows(group))
-        if group.moment in driven and installable:
+        if installable and group.moment is not hooks.Moment.PLATFORM_IMPORT and group.moment is not hooks.Moment.RESOLUTION:
             assert group.predicate, group.name
             for spec in filter(None, (group.predicate, group.prepare)):
                 assert callable(hooks._function(spec)), spec
         else:
             assert not group.predicate and not group.prepare, group.name
+
+
+def test_the_worker_installs_its_groups_by_moment(monkeypatch):
+    """The worker's two install calls pick its groups by the manifest's predicates of the
+    worker being built: a CPU Domino b8 adaptive worker gets every group, a CUDA DFlash one
+    at its window only the unconditional ones."""
+    from types import SimpleNamespace
+
+    from sglang_domino.sglang.adaptive import AdaptiveWidth, AdaptiveWidthConfig, FixedWidth
+
+    done = []
+    monkeypatch.setattr(hooks, "install", lambda group: done.append(group.name) or True)
+    full = SimpleNamespace(_on_cpu=True, _is_domino=True, draft_block=16, block_size=8,
+                           width_policy=AdaptiveWidth(AdaptiveWidthConfig().for_window(8)))
+    assert hooks.install_moment(hooks.Moment.WORKER_BEFORE, full) == ["checkpoint compat", "cpu dflash"]
+    assert sorted(hooks.install_moment(hooks.Moment.WORKER_AFTER, full)) == sorted(
+        ["domino rollout", "b8 reservation", "penalties", "adaptive metrics"])
+    plain = SimpleNamespace(_on_cpu=False, _is_domino=False, draft_block=16, block_size=16,
+                            width_policy=FixedWidth(16))
+    assert hooks.install_moment(hooks.Moment.WORKER_BEFORE, plain) == ["checkpoint compat"]
+    assert hooks.install_moment(hooks.Moment.WORKER_AFTER, plain) == ["penalties"]
+
+

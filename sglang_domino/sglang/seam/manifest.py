@@ -37,7 +37,8 @@ class Moment(str, enum.Enum):
     REGISTER = "plugin entry point `register()`"
     RESOLUTION = "argument resolution (main process)"
     SCHEDULER_START = "scheduler start, before the model is built"
-    WORKER_INIT = "`DominoDFlashWorker.__init__`"
+    WORKER_BEFORE = "`DominoDFlashWorker.__init__`, before 0.5.23's constructor"
+    WORKER_AFTER = "`DominoDFlashWorker.__init__`, after 0.5.23's constructor"
     STEP = "every decode step"
 
 
@@ -45,9 +46,11 @@ class Moment(str, enum.Enum):
 class Group:
     """Rows installed together, under one condition. A group with a `predicate` is installed
     by `hooks.install_moment(moment, context)` where the predicate holds of the moment's
-    context (nothing at `register()`, the server's arguments at scheduler start), after its
+    context (nothing at `register()`, the server's arguments at scheduler start, the worker
+    being built in its constructor), after its
     `prepare` runs; both are `module:function` under `sglang_domino.sglang`. A group
-    without one is installed by the code its rows name (the worker's construction)."""
+    without one holds rows the code they name does itself (instance patches, per-step
+    state, process settings)."""
     name: str
     moment: Moment
     processes: str
@@ -63,11 +66,15 @@ CPU_ENGINE = Group("cpu engine", Moment.REGISTER, "every SGLang process", "`--de
                    predicate="cpu.platform:cpu_engine_on")
 CPU_STANDIN = Group("cpu stand-in", Moment.SCHEDULER_START, "model-running processes",
                     "the `sgl_kernel` stand-in is serving", predicate="cpu.hybrid.runtime:standin_serving")
-CHECKPOINT_COMPAT = Group("checkpoint compat", Moment.WORKER_INIT, "schedulers", "always")
-CPU_DFLASH = Group("cpu dflash", Moment.WORKER_INIT, "schedulers", "the target runs on CPU")
-DOMINO_ROLLOUT = Group("domino rollout", Moment.WORKER_INIT, "schedulers", "a Domino draft")
-B8_RESERVATION = Group("b8 reservation", Moment.WORKER_INIT, "schedulers", "draft block wider than the verify window")
-WORKER = Group("worker", Moment.WORKER_INIT, "schedulers", "as stated per row (done by the worker)")
+CHECKPOINT_COMPAT = Group("checkpoint compat", Moment.WORKER_BEFORE, "schedulers", "always",
+                          predicate="seam.hooks:always")
+CPU_DFLASH = Group("cpu dflash", Moment.WORKER_BEFORE, "schedulers", "the target runs on CPU",
+                   predicate="step.worker:runs_on_cpu")
+DOMINO_ROLLOUT = Group("domino rollout", Moment.WORKER_AFTER, "schedulers", "a Domino draft",
+                       predicate="step.worker:domino_draft")
+B8_RESERVATION = Group("b8 reservation", Moment.WORKER_AFTER, "schedulers", "draft block wider than the verify window",
+                       predicate="step.worker:draft_block_wider")
+WORKER = Group("worker", Moment.WORKER_AFTER, "schedulers", "as stated per row (done by the worker)")
 STEP = Group("step", Moment.STEP, "schedulers", "as stated per row (done by the worker)")
 RESOLVE = Group("resolve", Moment.RESOLUTION, "main process", "as stated per row")
 PLATFORM = Group("platform", Moment.PLATFORM_IMPORT, "every SGLang process", "`--device cpu`")
@@ -78,8 +85,9 @@ B8_STATE = Group("b8 state buffers", Moment.SCHEDULER_START, "schedulers",
 CPU_DISAGGREGATION = Group("cpu disaggregation", Moment.SCHEDULER_START, "schedulers",
                            "`--disaggregation-mode prefill|decode` with `--device cpu`",
                            predicate="seam.scheduler_start:disaggregated_on_cpu")
-PENALTIES = Group("penalties", Moment.WORKER_INIT, "schedulers", "always")
-ADAPTIVE_METRICS = Group("adaptive metrics", Moment.WORKER_INIT, "schedulers", "`--speculative-adaptive`")
+PENALTIES = Group("penalties", Moment.WORKER_AFTER, "schedulers", "always", predicate="seam.hooks:always")
+ADAPTIVE_METRICS = Group("adaptive metrics", Moment.WORKER_AFTER, "schedulers", "`--speculative-adaptive`",
+                         predicate="step.worker:adaptive_width")
 CPU_ATTENTION = Group("cpu attention", Moment.SCHEDULER_START, "model-running processes",
                       "`--device cpu`, unless SGLANG_DOMINO_DEBUG=upstream-cpu-attention",
                       predicate="cpu.attention:wanted")
@@ -155,7 +163,7 @@ def groups_table(patches) -> str:
     for g in sorted(GROUPS, key=lambda g: order.index(g.moment)):
         if g.predicate:
             by = f"`install_moment`, predicate `{g.predicate}`" + (f", prepared by `{g.prepare}`" if g.prepare else "")
-        elif g.moment in (Moment.WORKER_INIT, Moment.STEP):
+        elif g.moment in (Moment.WORKER_BEFORE, Moment.WORKER_AFTER, Moment.STEP):
             by = "the worker (`step/worker.py`)"
         else:
             by = "the code its rows name"

@@ -184,7 +184,7 @@ PATCHES: tuple[Patch, ...] = (
           "the output streamer adds each request's count of verified proposals to its outputs (0.5.23's "
           "customized-info channel), for its accept rate in meta_info"),
     Patch("first_verify_log", f"{_S}.managers.tp_worker.TpModelWorker.forward_batch_generation",
-          "step.worker:FirstVerifyLog", Kind.INSTANCE, WORKER,
+          "step.first_verify_log:FirstVerifyLog", Kind.INSTANCE, WORKER,
           "the target worker of a DominoDFlashWorker: the first verify's width logged (what the target computed "
           "per request); the batch is passed on unchanged",
           params=("forward_batch", "is_verify")),

@@ -119,11 +119,9 @@ def around_decode_alloc_lens(original, reqs, *args, reserve, **kwargs):
 
 
 def reserve_draft_block(extra: int) -> None:
-    """Reserve `extra` more KV slots per request and decode step (draft block - window)."""
+    """Reserve `extra` more KV slots per request and decode step (draft block - window); the
+    `b8 reservation` group applies it (installed with the worker's other groups)."""
     global _reserve_extra
-    from ..seam import hooks
-
-    hooks.install(hooks.B8_RESERVATION)
     _reserve_extra = int(extra)
 
 

@@ -4,9 +4,9 @@ Only overrides live here (marked `@override`); everything else, including the ~6
 `forward_batch_generation` body, the draft block, the greedy Domino rollout and the KV
 bookkeeping, is upstream's, run unchanged:
   * `__init__`: the draft checked against the target before anything is built; the
-    worker's patches installed (`hooks.py`: checkpoint compat, CPU DFLASH, the rollout
-    hook); the draft run on its own block where the verify window differs
-    (`draft_block.DraftBlockRunner`); the verify-width policy (fixed or adaptive).
+    worker's groups installed before and after 0.5.23's constructor (`hooks.install_moment`,
+    the predicates at the end of this file); the draft run on its own block where the verify
+    window differs (`draft_block.DraftBlockRunner`); the verify-width policy.
   * `forward_batch_generation`: each decode step at the width the policy chooses
     (`width_switch.WidthSwitch`), width 1 without the draft side (`decode_step`: the target's
     decode step on CPU, its one-token verify on CUDA); with the q rule, sampled steps propose
@@ -50,6 +50,7 @@ from ..adaptive.decode_step import DecodeStep
 from ..adaptive.draft_context import DeferredContext
 from .draft_block import DraftBlockRunner, reserve_draft_block
 from .exact_accept import ExactAccept
+from .first_verify_log import FirstVerifyLog
 from ..adaptive.verify_graphs import VerifyGraphs
 from ..adaptive.width_switch import StepTimer, WidthSwitch, broadcast_width
 
@@ -70,10 +71,10 @@ class DominoDFlashWorker(ExactAccept, DFlashWorkerV2):
                 draft_cfg, target_cfg,
                 target_vocab_size=int(target_worker.model_runner.model_config.vocab_size))
         self.domino_draft_config = draft_cfg
-        hooks.install(hooks.CHECKPOINT_COMPAT)
+        # checkpoint compatibility; on CPU, the DFLASH runtime (the manifest's predicates)
+        hooks.install_moment(hooks.Moment.WORKER_BEFORE, self)
 
         if self._on_cpu:
-            hooks.install(hooks.CPU_DFLASH)
             with cpu_dflash.domino_device_gate_lifted():
                 super().__init__(server_args, gpu_id, nccl_port, target_worker)
             cpu_dflash.disable_triton_qk_norm_rope(self.draft_model)
@@ -98,17 +99,12 @@ class DominoDFlashWorker(ExactAccept, DFlashWorkerV2):
         self._in_flight = collections.deque()
         # proposals verified by adaptive steps since the scheduler last logged its accept rate
         self.drafts_proposed = 0
-        if adaptive is not None:
-            hooks.install(hooks.ADAPTIVE_METRICS)
         # the draft's context write compiled on CPU (`cpu.compiled_context`), where the
         # draft's layers run compiled and the draft is not LiLiCorr; None: upstream's write
         compiled = getattr(self.draft_model.forward, "context", None)
         self._compiled_context = compiled if getattr(self, "lilicorr", None) is None else None
         self._context = self._deferred_context()
         self._decode_step = self._width_one_decode_step()
-        if self._is_domino:
-            # the eager rollout's feedback embedding; width-1 steps; the q rule's rollout
-            hooks.install(hooks.DOMINO_ROLLOUT)
         # argument resolution refuses the flag for drafts that are not Domino
         self.q_rule = bool(get_spec().speculative_use_rejection_sampling) and self._is_domino
         # the q rule's rollout in the draft graph (`q_sampler`), built with the graphs
@@ -123,7 +119,9 @@ class DominoDFlashWorker(ExactAccept, DFlashWorkerV2):
             rows=lambda: self.model_runner.req_to_token_pool.req_to_token.shape[0],
             vocab=int(self.model_runner.model_config.vocab_size), device=self.device)
         self._step_penalties = None
-        hooks.install(hooks.PENALTIES)
+        # penalties; b8's KV reservation, adaptive metrics and the Domino rollout's hook where
+        # they apply (the manifest's predicates)
+        hooks.install_moment(hooks.Moment.WORKER_AFTER, self)
         FirstVerifyLog(self).install()
 
     def _deferred_context(self):
@@ -358,34 +356,21 @@ class DominoDFlashWorker(ExactAccept, DFlashWorkerV2):
         return sampler if block == window else draft_tail.at_width(sampler, window)
 
 
-class FirstVerifyLog:
-    """Stands in for the target worker's `forward_batch_generation` on one
-    `DominoDFlashWorker`: logs the width of the first verify (what the target computed per
-    request, for operators and for the end-to-end tests of b8). It changes nothing: a
-    verify narrower than the width the target's decode graphs were captured at runs
-    eagerly by 0.5.23's own width check (`DecodeCudaGraphRunner.can_run`), decided in
-    `prepare_for_verify` before this call. (`forward_batch.can_run_decode_cuda_graph`,
-    which an earlier version cleared here, is read only under DP attention, and clearing
-    it on a batch already loaded for replay would run it eagerly on stale metadata.)"""
-
-    def __init__(self, worker: DominoDFlashWorker):
-        self.worker = worker
-        self.target = worker._target_worker
-        self.forward = self.target.forward_batch_generation
-        self.logged = False
-
-    def install(self) -> "FirstVerifyLog":
-        self.target.forward_batch_generation = self
-        return self
-
-    def __call__(self, *args, **kwargs):
-        forward_batch = kwargs.get("forward_batch")
-        if kwargs.get("is_verify") and forward_batch is not None and int(forward_batch.batch_size) > 0:
-            if not self.logged:
-                self.logged = True
-                logger.info("sglang-domino first verify: the target computed %d tokens for %d request(s)",
-                            int(forward_batch.input_ids.numel()), int(forward_batch.batch_size))
-        return self.forward(*args, **kwargs)
+__all__ = ["DominoDFlashWorker", "adaptive_width", "domino_draft", "draft_block_wider", "runs_on_cpu"]
 
 
-__all__ = ["DominoDFlashWorker", "FirstVerifyLog"]
+# -- the predicates of the worker's install groups (`seam/manifest.py`), of the worker built --
+def runs_on_cpu(worker) -> bool:
+    return worker._on_cpu
+
+
+def domino_draft(worker) -> bool:
+    return bool(worker._is_domino)
+
+
+def draft_block_wider(worker) -> bool:
+    return int(worker.draft_block) > int(worker.block_size)
+
+
+def adaptive_width(worker) -> bool:
+    return isinstance(worker.width_policy, AdaptiveWidth)
