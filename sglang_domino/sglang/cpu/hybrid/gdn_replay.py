@@ -172,8 +172,7 @@ def verify_rows(q, k, v, a, b, A_log, dt_bias, out, checkpoint_state, d_cache, k
                 null_block_id: int) -> None:
     """decode.py:53 `gdn_replayssm_spec_circular_kernel` for every row at once (flush_pass =
     its IS_FLUSH variant): window outputs to `out`, window records to the rings."""
-    H, K = k.shape[1], k.shape[2]
-    HV, V = v.shape[1], v.shape[2]
+    HV = v.shape[1]
     L = max_cache_len
     state_fp32 = checkpoint_state.dtype == torch.float32
     exact_raw = rawv_cache is not None and rawk_cache is not None and beta_cache is not None
@@ -203,7 +202,6 @@ def verify_rows(q, k, v, a, b, A_log, dt_bias, out, checkpoint_state, d_cache, k
     g_s, beta_s = compute_gates(a[tokens], b[tokens], A_log, dt_bias)    # [n, S, HV]
     g_s, beta_s = g_s * mask[..., None], beta_s * mask[..., None]
     G = torch.cumsum(g_s, dim=1)
-    expG = torch.exp(G)
 
     # normalised q/k; the dtype each takes into the dots follows the checkpoint dtype
     q_raw, k_raw = q[tokens].float(), k[tokens].float()                # [n, S, H, K]
