@@ -93,8 +93,8 @@ def test_committed_profile_reproduces_from_its_raw_samples():
     import json
     import os
 
-    out = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "results",
-                       "cpu-profile")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = os.path.join(root, "benchmarks", "results", "cpu-profile")
     with open(os.path.join(out, "runs.json"), encoding="utf-8") as fh:
         runs = json.load(fh)
     with open(os.path.join(out, "summary.md"), encoding="utf-8") as fh:
