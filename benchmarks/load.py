@@ -27,11 +27,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Optional, Sequence, Union
 
+from .peers.vllm_server import SERVED_NAME as VLLM_MODEL   # the model name our vLLM servers answer to
 from .records import Record
 
 SGLANG = "sglang"
 VLLM = "vllm"
-VLLM_MODEL = "target"   # the name our vLLM servers serve the model under (`peers/vllm_server.SERVED_NAME`)
 Prompt = Union[str, Sequence[int]]
 
 

@@ -156,10 +156,13 @@ def measured_run(client: Client, method: str, conc: int, prompts: list[str], pid
                  quiet_wait: float = QUIET_WAIT_S) -> dict:
     """The prompts at concurrency `conc` once the machine is quiet: throughput, steps, and the
     cores each process used meanwhile."""
+    from .sglang_bench import check_speculated
+
     others_before = wait_for_quiet(pids, quiet_wait)
     client.flush()
     cpu0 = snapshot_cpu(pids)
     run = steady(client, prompts, conc, method=method, task="heldout")
+    check_speculated(method, "heldout", conc, run.records)
     return {**summarise_records(run.records, run.wall_s), "cpu_cores": cores_used(cpu0, snapshot_cpu(pids), run.wall_s),
             "other_cores_before": round(others_before, 3)}
 
