@@ -25,12 +25,11 @@ import os
 import statistics
 import subprocess
 import tempfile
-import time
-from concurrent.futures import ThreadPoolExecutor
 
+from .common import add_load_arguments, bench_config, draft_for, render_prompts, sampling
+from .load import Client, steady, warm_up
 from .machine import machine
 from .report import write_markdown
-from .profile_step import add_load_arguments, bench_config, draft_for, render_prompts
 
 MODES = ("upstream", "batched")
 MODE_ENV = {"upstream": {"SGLANG_DOMINO_DEBUG": "upstream-cpu-attention"}, "batched": {}}
@@ -61,7 +60,7 @@ def serve_and_measure(cfg, config: str, side: str, env_extra: dict, prompts: lis
     from sglang_domino.launch import free_port, start
 
     from .records import TARGET_ONLY
-    from .sglang_bench import Q_FLAG, Q_SUFFIX, generate, measure
+    from .sglang_bench import Q_FLAG, Q_SUFFIX, check_speculated
 
     port = free_port()
     cmd = cfg.launch_command(port, draft_for(cfg, config), (Q_FLAG,) if config.endswith(Q_SUFFIX) else ())
@@ -70,13 +69,13 @@ def serve_and_measure(cfg, config: str, side: str, env_extra: dict, prompts: lis
     result = {}
     log = os.path.join(out, f"server-{config}-{side.replace(' ', '-')}.log")
     with start(cmd, port, log, cfg.server_timeout, env=env) as server:
-        warm = prompts[: max(cfg.concurrencies)]
-        with ThreadPoolExecutor(len(warm)) as pool:
-            list(pool.map(lambda t: generate(server.url, t, cfg.model_copy(update={"max_new_tokens": 16})), warm))
+        client = Client(server.url, sampling(cfg))
+        warm_up(client, prompts[: max(cfg.concurrencies)])
         for conc in cfg.concurrencies:
-            t0 = time.time()
-            records = measure(server.url, method, "heldout", conc, 0, prompts, cfg, t0)
-            result[conc] = sum(r.completion_tokens for r in records) / (time.time() - t0)
+            client.flush()
+            run = steady(client, prompts, conc, method=method, task="heldout")
+            check_speculated(method, "heldout", conc, run.records)
+            result[conc] = run.tok_per_s
     return result
 
 

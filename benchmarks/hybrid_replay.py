@@ -40,9 +40,9 @@ import statistics
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
+from .load import Client, Sampling, steady, warm_up
 from .machine import machine
 from .report import write_markdown
 from .sglang_numerics import first_difference
@@ -295,35 +295,26 @@ def cap_info(handle) -> dict:
                 max_running_requests=state.get("max_running_requests"))
 
 
-def generate(handle, ids: list[int], max_new_tokens: int) -> dict:
-    status, body = handle.post("/generate", {"input_ids": ids, "sampling_params": {
-        "max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True}}, timeout=1200)
-    if status != 200:
-        raise RuntimeError(f"/generate: {status} {body}")
-    meta = body["meta_info"]
-    return dict(output_ids=body["output_ids"], completion_tokens=meta["completion_tokens"],
-                verify_ct=meta.get("spec_verify_ct", 0), e2e_latency=meta.get("e2e_latency"))
-
-
-def measure(handle, prompts: list, concurrency: int, max_new_tokens: int) -> dict:
-    """All prompts, `concurrency` in flight at a time (closed loop); the radix cache flushed first."""
-    handle.post("/flush_cache", {})
-    t0 = time.time()
-    with ThreadPoolExecutor(concurrency) as pool:
-        requests = list(pool.map(lambda ids: generate(handle, ids, max_new_tokens), prompts))
-    return dict(wall_s=time.time() - t0, requests=requests)
+def measure(client: Client, prompts: list, concurrency: int) -> dict:
+    """All prompts, `concurrency` in flight at a time (closed loop); the radix cache flushed
+    first. Each request as hybrid_replay.json has always recorded it."""
+    client.flush()
+    run = steady(client, prompts, concurrency)
+    return dict(wall_s=run.wall_s, requests=[dict(output_ids=r.output_ids, completion_tokens=r.completion_tokens,
+                                                  verify_ct=r.verify_steps, e2e_latency=r.server_latency_s)
+                                             for r in run.records])
 
 
 def run_server(server: str, paths: dict, extra: list[str], prompts: list, args, out: str, rnd: int) -> dict:
     handle, startup = start_server(server, paths, extra, out, f"{server}-r{rnd}")
     try:
         info = cap_info(handle)
+        client = Client(handle.url, Sampling(args.max_new_tokens, ignore_eos=True), timeout=1200)
         # warm-up: the first requests of a server take the lazy initialisations
-        with ThreadPoolExecutor(max(args.concurrencies)) as pool:
-            list(pool.map(lambda ids: generate(handle, ids, 8), prompts[: max(args.concurrencies)]))
+        warm_up(client, prompts[: max(args.concurrencies)], 8)
         runs = {}
         for conc in args.concurrencies:
-            runs[str(conc)] = measure(handle, prompts, conc, args.max_new_tokens)
+            runs[str(conc)] = measure(client, prompts, conc)
             print(json.dumps({"round": rnd, "server": server, "concurrency": conc,
                               **conc_stats(runs[str(conc)], server, conc)}), flush=True)
     finally:

@@ -36,12 +36,11 @@ import argparse
 import contextlib
 import json
 import os
-import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
+from .common import add_load_arguments, bench_config, render_prompts, sampling
+from .load import Client, steady
 from .machine import cpu_label, machine
-from .profile_step import add_load_arguments, bench_config, render_prompts
 from .report import write_markdown
 
 DRAFT = "domino"
@@ -130,17 +129,12 @@ def turns(prompts: int, concurrency: int, turn: Optional[int] = None) -> list[tu
     return [(first, min(first + turn, prompts)) for first in range(0, prompts, turn)]
 
 
-def run_group(url: str, cfg, prompts: list[str], in_flight: Optional[int] = None) -> dict:
+def run_group(client: Client, prompts: list[str], in_flight: Optional[int] = None) -> dict:
     """`prompts`, at most `in_flight` at a time (default: all at once), the next sent as
-    soon as one ends; wall time, tokens, verify steps, texts."""
-    from .sglang_bench import generate
-
-    t0 = time.time()
-    with ThreadPoolExecutor(min(len(prompts), in_flight or len(prompts))) as pool:
-        bodies = list(pool.map(lambda t: generate(url, t, cfg), prompts))
-    return {"wall_s": time.time() - t0, "tokens": sum(b["meta_info"]["completion_tokens"] for b in bodies),
-            "verify_steps": sum(int(b["meta_info"].get("spec_verify_ct") or 0) for b in bodies),
-            "texts": [b["text"] for b in bodies]}
+    soon as one ends (`benchmarks.load.steady`); wall time, tokens, verify steps, texts."""
+    run = steady(client, prompts, min(len(prompts), in_flight or len(prompts)))
+    return {"wall_s": run.wall_s, "tokens": run.tokens, "verify_steps": run.verify_steps,
+            "texts": [r.text for r in run.records]}
 
 
 def summary(runs: list[dict], servers: list[str], concurrencies: list[int], rounds: int, header: list[str],
@@ -202,10 +196,10 @@ def main(argv=None) -> None:
     prompts = render_prompts(cfg)
     runs = []
     with contextlib.ExitStack() as stack:
-        urls = {name: stack.enter_context(serve(cfg, name, args.out, args.trace)) for name in args.servers}
-        warm = cfg.model_copy(update={"max_new_tokens": 16})
-        for url in urls.values():
-            run_group(url, warm, prompts[: max(args.concurrencies)])
+        clients = {name: Client(stack.enter_context(serve(cfg, name, args.out, args.trace)), sampling(cfg))
+                   for name in args.servers}
+        for client in clients.values():
+            run_group(client.with_tokens(16), prompts[: max(args.concurrencies)])
         turn = 0
         for rnd in range(args.rounds):
             for conc in args.concurrencies:
@@ -215,7 +209,7 @@ def main(argv=None) -> None:
                     turn += 1
                     for name in order:
                         runs.append({"round": rnd, "concurrency": conc, "group": first, "server": name,
-                                     **run_group(urls[name], cfg, group, in_flight=conc)})
+                                     **run_group(clients[name], group, in_flight=conc)})
                 print(json.dumps({"round": rnd, "concurrency": conc, **{
                     name: round(sum(r["tokens"] for r in runs if r["server"] == name and r["round"] == rnd
                                     and r["concurrency"] == conc)

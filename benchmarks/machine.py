@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import subprocess
 
 
 # The instruction sets that decide how fast the CPU port runs: bf16 matmuls without
@@ -48,3 +49,35 @@ def cpu_label(info: dict) -> str:
              "AMX" if "amx_bf16" in simd else "no AMX"]
     family = f"family {info['cpu_family']}; " if info.get("cpu_family") else ""
     return f"{info.get('cpu') or 'unknown CPU'} ({family}{', '.join(parts)})"
+
+
+def cpu_description() -> dict:
+    """The CPU by name, family and model, and the matrix instructions that matter for torch
+    (the profile's runs record it beside `machine()`)."""
+    info: dict = {}
+    with open("/proc/cpuinfo", encoding="utf-8") as fh:
+        for line in fh:
+            key, _, value = (s.strip() for s in line.partition(":"))
+            if key in ("model name", "cpu family", "model", "vendor_id") and key not in info:
+                info[key] = value
+            if key == "flags" and "flags" not in info:
+                flags = set(value.split())
+                info["flags"] = {f: f in flags for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")}
+    info["cores"] = os.cpu_count()
+    return info
+
+
+def git_commit() -> str:
+    """The commit measured, '+dirty' when tracked files differ from it."""
+    def git(*args):
+        return subprocess.run(["git", *args], capture_output=True, text=True).stdout.strip()
+    return git("rev-parse", "HEAD") + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds every core has been busy since boot: /proc/stat's user, nice, system, irq
+    and softirq (not idle, iowait, or steal, which is other virtual machines'). On a shared
+    machine the busy cores during a run say how much else ran beside it."""
+    with open("/proc/stat") as fh:
+        user, nice, system, _idle, _iowait, irq, softirq = map(int, fh.readline().split()[1:8])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")

@@ -32,9 +32,11 @@ import shlex
 import statistics
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
+from .common import bench_config, draft_for, render_prompts
+from .load import SGLANG, VLLM, Client, Sampling, steady, warm_up
+from .machine import machine_busy_seconds
 from .peers import vllm_server
 from .sglang_numerics import first_difference
 
@@ -62,75 +64,26 @@ def is_vllm(config: str) -> bool:
     return config in PEERS
 
 
-def request_body(config: str, ids: list[int], max_new_tokens: int) -> tuple[str, dict]:
-    """(path, JSON body) of one greedy request: our /generate with the SGLang benchmark's
-    sampling params, or vLLM's OpenAI /v1/completions with the same prompt ids."""
-    if is_vllm(config):
-        return "/v1/completions", {"model": vllm_server.SERVED_NAME, "prompt": list(ids), "max_tokens": max_new_tokens,
-                                   "temperature": 0.0, "return_token_ids": True}
-    return "/generate", {"input_ids": list(ids),
-                         "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0, "top_k": 1}}
+def client(url: str, config: str, max_new_tokens: int) -> Client:
+    """Greedy requests of `max_new_tokens` to a server of `config`: our /generate with the SGLang
+    benchmark's sampling params, or vLLM's OpenAI /v1/completions, the same prompt ids."""
+    return Client(url, Sampling(max_new_tokens), kind=VLLM if is_vllm(config) else SGLANG)
 
 
-def parse_reply(config: str, body: dict) -> dict:
-    """output_ids, completion_tokens and (ours) verify steps of one reply."""
-    if is_vllm(config):
-        choice = body["choices"][0]
-        ids = choice.get("token_ids")
-        if ids is None:
-            raise RuntimeError(f"{config}: /v1/completions returned no token_ids (return_token_ids unsupported?)")
-        return {"output_ids": list(ids), "completion_tokens": int(body["usage"]["completion_tokens"]),
-                "verify_steps": None}
-    meta = body["meta_info"]
-    return {"output_ids": list(body["output_ids"]), "completion_tokens": int(meta["completion_tokens"]),
-            "verify_steps": int(meta.get("spec_verify_ct") or 0)}
-
-
-def ask(url: str, config: str, ids: list[int], max_new_tokens: int) -> dict:
-    """One request (a connection of its own, as the SGLang benchmark's): output ids, tokens, latency."""
-    import requests
-
-    path, body = request_body(config, ids, max_new_tokens)
-    t0 = time.time()
-    resp = requests.post(url + path, json=body, timeout=3600)
-    if resp.status_code != 200:
-        raise RuntimeError(f"{config}: {path} answered {resp.status_code}: {resp.text[:300]}")
-    return {**parse_reply(config, resp.json()), "latency_s": round(time.time() - t0, 4)}
-
-
-def flush(url: str, config: str, attempts: int = 20) -> None:
-    """The server's prefix cache emptied. SGLang refuses a flush (400) while a finished
-    request is still leaving its batch, a moment after its reply: retried for a few
-    seconds (a run once stopped there)."""
-    import requests
-
-    path = "/reset_prefix_cache" if is_vllm(config) else "/flush_cache"
-    for attempt in range(attempts):
-        resp = requests.post(url + path, timeout=60)
-        if resp.status_code == 200:
-            return
-        if resp.status_code != 400 or attempt == attempts - 1:
-            break
-        time.sleep(0.25)
-    raise RuntimeError(f"{config}: POST {path} answered {resp.status_code}: {resp.text[:200]}")
-
-
-def run_load(url: str, config: str, prompts: list[list[int]], conc: int, max_new_tokens: int) -> dict:
-    """The prompts at concurrency `conc` once: tok/s, accept length, every output."""
-
-    from .profile_step import machine_busy_seconds
-
-    flush(url, config)
+def run_once(url: str, config: str, prompts: list[list[int]], conc: int, max_new_tokens: int) -> dict:
+    """The prompts at concurrency `conc` once, the cache flushed first: tok/s, accept length,
+    every output."""
+    ours = client(url, config, max_new_tokens)
+    ours.flush()
     spec_before = vllm_server.read_spec_counters(url) if is_vllm(config) else {}
-    busy0, t0 = machine_busy_seconds(), time.time()
-    with ThreadPoolExecutor(max_workers=conc) as pool:
-        replies = list(pool.map(lambda ids: ask(url, config, ids, max_new_tokens), prompts))
-    wall = time.time() - t0
+    busy0 = machine_busy_seconds()
+    load = steady(ours, prompts, conc)
+    wall = load.wall_s
     machine_cores = (machine_busy_seconds() - busy0) / wall
-    tokens = sum(r["completion_tokens"] for r in replies)
-    run = {"concurrency": conc, "requests": len(replies), "tokens": tokens, "wall_s": round(wall, 3),
+    tokens = load.tokens
+    run = {"concurrency": conc, "requests": len(load.records), "tokens": tokens, "wall_s": round(wall, 3),
            "tok_per_s": round(tokens / wall, 2), "machine_cores": round(machine_cores, 2), "accept_length": None,
-           "outputs": [r["output_ids"] for r in replies], "latency_s": [r["latency_s"] for r in replies]}
+           "outputs": [r.output_ids for r in load.records], "latency_s": [round(r.latency_s, 4) for r in load.records]}
     if is_vllm(config):
         spec_after = vllm_server.read_spec_counters(url)
         run["spec_counters"] = {k: spec_after.get(k, 0.0) - spec_before.get(k, 0.0) for k in spec_after}
@@ -141,7 +94,7 @@ def run_load(url: str, config: str, prompts: list[list[int]], conc: int, max_new
         if config == "vllm-dflash" and run["accept_length"] is None:
             raise RuntimeError("vllm-dflash: /metrics counted no drafts: the server did not speculate")
     else:
-        steps = sum(r["verify_steps"] for r in replies)
+        steps = load.verify_steps
         run["verify_steps"] = steps
         if config.removesuffix(COMPILED) != "plain":
             if steps == 0:
@@ -162,8 +115,6 @@ def serve(config: str, cfg, log_path: str, python_vllm: str | None):
         return
     from sglang_domino.launch import free_port, start
 
-    from .profile_step import draft_for
-
     port = free_port()
     cmd = cfg.launch_command(port, draft_for(cfg, config.removesuffix(COMPILED)),
                              COMPILED_FLAGS if config.endswith(COMPILED) else ())
@@ -181,12 +132,10 @@ def measure_server(config: str, cfg, prompts: list[list[int]], concurrencies, lo
     t0 = time.time()
     with serve(config, cfg, log_path, python_vllm) as server:
         started = time.time() - t0
-        cold = {**run_load(server.url, config, prompts, min(concurrencies), cfg.max_new_tokens), "phase": "cold"}
+        cold = {**run_once(server.url, config, prompts, min(concurrencies), cfg.max_new_tokens), "phase": "cold"}
         for conc in concurrencies:   # every batch size the runs use, before any is timed
-            warm = prompts[:conc]
-            with ThreadPoolExecutor(len(warm)) as pool:
-                list(pool.map(lambda ids: ask(server.url, config, ids, WARMUP_TOKENS), warm))
-        runs = [{**run_load(server.url, config, prompts, conc, cfg.max_new_tokens), "phase": "warm"}
+            warm_up(client(server.url, config, cfg.max_new_tokens), prompts[:conc], WARMUP_TOKENS)
+        runs = [{**run_once(server.url, config, prompts, conc, cfg.max_new_tokens), "phase": "warm"}
                 for conc in concurrencies]
     return started, [cold, *runs]
 
@@ -300,8 +249,6 @@ def prompt_ids(cfg) -> list[list[int]]:
     tokenized once, as our servers tokenize a text."""
     from transformers import AutoTokenizer
 
-    from .profile_step import render_prompts
-
     tokenizer = AutoTokenizer.from_pretrained(cfg.target_model, trust_remote_code=True)
     return [tokenizer.encode(text) for text in render_prompts(cfg)]
 
@@ -364,8 +311,6 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
     if args.refold:
         return refold(args.out)
-
-    from .profile_step import bench_config
 
     cfg = bench_config(args.prompts, args.concurrencies).model_copy(update={"max_new_tokens": args.max_new_tokens})
     prompts = prompt_ids(cfg)

@@ -31,192 +31,20 @@ import signal
 import subprocess
 import sys
 import time
-from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
-from typing import Iterable, Optional
+from typing import Optional
+
+from .common import MAX_NEW_TOKENS, bench_config, draft_for, render_prompts, sampling
+from .load import Client, steady, warm_up
+from .machine import cpu_description, git_commit, machine, machine_busy_seconds
+from .profile_fold import (ATTENTION_FILES, OP_RULES, OTHER, PHASE_RULES, fold, read_raw, role_of, scheduler_samples,
+                           top_leaves)
 
 OUT_DIR = os.path.join("benchmarks", "results", "cpu-profile")
 CONFIGS = ("plain", "domino")
 CONCURRENCIES = (1, 8)
-MAX_NEW_TOKENS = 128
 RATE = 200
 
-# -- folding: stack samples -> buckets ---------------------------------------------------
-# A frame is py-spy's "function (file.py:line)" (file shortened to its package part). Each rule
-# is (bucket, needles): a frame matches when any needle occurs in it. The first rule, in list
-# order, that matches any frame of a stack names its bucket, so specific rules come first.
-#
-# sglang is pinned (==0.5.23), so the DFLASH worker's phases are told apart by the line of
-# `DFlashWorkerV2.forward_batch_generation` they run under: one function holds the prefill,
-# the draft, the rollout, the verify and the accept. A changed pin shows up as a growing
-# "other" share.
-WORKER = "dflash_worker_v2.py"
-IDLE_NEEDLES = ("recv_requests", "Scheduler.on_idle", "self_check_during_idle", "sleep_on_idle")
-
-# What the scheduler's main thread was doing, whichever operation it ran.
-PHASE_RULES: list[tuple[str, tuple[str, ...]]] = [
-    ("idle, polling for requests", IDLE_NEEDLES),
-    ("rollout (Domino head)", ("domino_greedy_rollout", "around_domino_rollout", "_domino_gru_cell")),
-    # `CompiledDraft.__call__`: the compiled draft's frame in the raw profiles committed before
-    # 2026-12-05 (since then `_CompiledModel.__call__`, which the target shares: the worker's line tells)
-    ("draft forward", ("DFlashDraftModel.forward", "CompiledDraft.__call__", f"{WORKER}:2688")),
-    ("verify: target forward", (f"{WORKER}:2875",)),
-    ("prefill (target, draft KV)", (f"{WORKER}:2348", f"{WORKER}:2408", "EagerRunner._execute_extend")),
-    ("draft KV append (target hidden)", ("_append_target_hidden_to_draft_kv_by_loc",)),
-    ("accept", ("_accept_block", "_accept_q_rule", "_commit_sampled")),
-    ("sampling", ("ModelRunner.sample", "Sampler.forward")),
-    ("decode: target forward", ("TpModelWorker.forward_batch_generation",)),
-    ("speculative step, other", ("DFlashWorkerV2.forward_batch_generation",)),
-    ("result processing, streaming", ("process_batch_result", "stream_output", "_copy_result_to_cpu")),
-    ("scheduling, batch bookkeeping", ("get_next_batch_to_run", "update_running_batch", "prepare_for_decode",
-                                       "ingest_requests", "publish_load_snapshot", "get_loads", "load_snapshot.py",
-                                       "release_kv_cache", "radix_cache.py")),
-    ("scheduler loop, other", ("Scheduler.event_loop",)),
-]
-
-# Which operation the scheduler's main thread was in, whichever phase asked for it.
-OP_RULES: list[tuple[str, tuple[str, ...]]] = [
-    ("idle, polling for requests", IDLE_NEEDLES),
-    ("sgl_kernel stand-ins", ("kernel_standin.py",)),
-    # 0.5.23's per-request loops (torch_native_backend.py) or the plugin's batched SDPA
-    # (cpu/attention.py, the default; SGLANG_DOMINO_DEBUG=upstream-cpu-attention for upstream's)
-    ("attention", ("torch_native_backend.py", "cpu/attention.py", "around_torch_native_forward_extend",
-                   "RadixAttention.forward")),
-    ("KV cache writes", ("set_kv_buffer", "_store_kv_layer")),
-    ("linear / matmul (lm head too)", ("UnquantizedLinearMethod.apply", "Linear.forward", "_compute_lm_head",
-                                       "kv_proj_only", "project_target_hidden")),
-    ("GRU (Domino head)", ("GRU.forward", "_domino_gru_cell")),
-    ("norm, rope, activation", ("RMSNorm", "rotary_emb", "RotaryEmbedding", "SiluAndMul", "silu",
-                                "apply_qk_norm")),
-    # code torch.compile generated (the opt-in compiled layers and rollout, cpu/compiled/forward.py,
-    # cpu/compiled/rollout.py) and its call wrappers; the attention they call is counted above
-    ("compiled graphs (torch.compile), their calls", ("CompiledFxGraph.__call__", "compile_wrapper")),
-    ("rollout (Domino head), other ops", ("domino_greedy_rollout",)),
-    ("model forward, Python between ops", ("ModelRunner.forward",)),
-    ("outside the forwards: scheduler, worker, streaming", ("Scheduler.event_loop",)),
-]
-ATTENTION_FILES = ("torch_native_backend.py", "cpu/attention.py")
-
-OTHER = "other"
-
-
-def parse_raw_line(line: str) -> Optional[tuple[str, str, list[str], int]]:
-    """(process, thread, frames root first, count) of one py-spy raw line
-    `process P:"cmd";[process C:"cmd";]thread (T): name;frame;...;frame COUNT`, or None."""
-    stack, _, count = line.rstrip("\n").rpartition(" ")
-    if not stack or not count.isdigit():
-        return None
-    parts = stack.split(";")
-    process, thread, frames = "", "", []
-    for i, part in enumerate(parts):
-        if part.startswith("process "):
-            process = part.split(":", 1)[1].strip('"') if ":" in part else part
-        elif part.startswith("thread ("):
-            thread, frames = part, parts[i + 1:]
-            break
-    return process, thread, frames, int(count)
-
-
-def role_of(process: str) -> str:
-    """Which server process a sample came from, by the title SGLang gives its processes."""
-    if "scheduler" in process:
-        return "scheduler"
-    if "detokenizer" in process:
-        return "detokenizer"
-    if "resource_tracker" in process:
-        return "resource tracker"
-    return "tokenizer/HTTP"
-
-
-def is_main_thread(thread: str) -> bool:
-    return thread.endswith("MainThread")
-
-
-def classify(frames: list[str], rules: list[tuple[str, tuple[str, ...]]]) -> str:
-    """The first rule's bucket that matches any frame, else OTHER."""
-    for bucket, needles in rules:
-        if any(needle in frame for frame in frames for needle in needles):
-            return bucket
-    return OTHER
-
-
-def fold(samples: Iterable[tuple[list[str], int]], rules) -> dict[str, float]:
-    """Share of the samples in each bucket (shares sum to 1; empty input gives {})."""
-    counts: Counter = Counter()
-    for frames, count in samples:
-        counts[classify(frames, rules)] += count
-    total = sum(counts.values())
-    return {bucket: n / total for bucket, n in counts.most_common()} if total else {}
-
-
-def read_raw(path: str) -> list[tuple[str, str, list[str], int]]:
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8", errors="replace") as fh:
-        return [parsed for parsed in map(parse_raw_line, fh) if parsed]
-
-
-def scheduler_samples(parsed) -> list[tuple[list[str], int]]:
-    """The scheduler main thread's stacks: the thread that runs every forward on CPU. A
-    recording of one process (no `process` header: this script records only the scheduler)
-    counts as the scheduler's."""
-    return [(frames, n) for process, thread, frames, n in parsed
-            if (not process or role_of(process) == "scheduler") and is_main_thread(thread)]
-
-
-def top_leaves(samples, k: int = 12, within: tuple[str, ...] = ("",)) -> list[tuple[str, float]]:
-    """The k most sampled innermost frames whose text holds one of `within`, with their shares
-    of all samples: the rules' check, and the source lines an attention sample was on."""
-    counts: Counter = Counter()
-    for frames, n in samples:
-        leaf = frames[-1] if frames else "?"
-        if any(needle in leaf for needle in within):
-            counts[leaf] += n
-    total = sum(n for _, n in samples) or 1
-    return [(leaf, round(n / total, 4)) for leaf, n in counts.most_common(k)]
-
-
 # -- measuring: server, load, py-spy, /proc ----------------------------------------------
-def bench_config(prompts: int, concurrencies, temperature: float = 0.0, top_k: int = -1, top_p: float = 1.0,
-                 dtype: str = "float32"):
-    """The benchmark's own settings for the test bed (float32 unless `dtype`), so the launch command is its."""
-    from .sglang_bench import SGLangBenchConfig
-
-    env = {"SERVER_ARGS": f"--dtype {dtype}", "MAX_NEW_TOKENS": str(MAX_NEW_TOKENS), "TASKS": f"heldout:{prompts}",
-           "CONCURRENCIES": ",".join(map(str, concurrencies)), "TEMPERATURE": str(temperature), "OUT_DIR": OUT_DIR,
-           "TOP_K": str(top_k), "TOP_P": str(top_p)}
-    return SGLangBenchConfig.from_env(env)
-
-
-def add_load_arguments(ap, rounds: int) -> None:
-    """The served A/B benchmarks' load: rounds, concurrencies, held-out prompts, sampling."""
-    ap.add_argument("--rounds", type=int, default=rounds)
-    ap.add_argument("--concurrencies", type=int, nargs="+", default=[1, 8])
-    ap.add_argument("--prompts", type=int, default=16)
-    ap.add_argument("--temperature", type=float, default=0.0)
-    ap.add_argument("--top-k", type=int, default=-1)
-    ap.add_argument("--top-p", type=float, default=1.0)
-
-
-def render_prompts(cfg) -> list[str]:
-    from transformers import AutoTokenizer
-
-    from .tasks import load_prompts, render
-
-    tokenizer = AutoTokenizer.from_pretrained(cfg.target_model, trust_remote_code=True)
-    (task, count), = cfg.tasks
-    return [render(tokenizer, p, cfg.chat_template, cfg.enable_thinking) for p in load_prompts(task, count)]
-
-
-def draft_for(cfg, config: str) -> Optional[str]:
-    """The draft a config serves: none for plain; `<draft>+q` is the draft with the q rule."""
-    from .sglang_bench import Q_SUFFIX
-
-    if config == "plain":
-        return None
-    name = config[: -len(Q_SUFFIX)] if config.endswith(Q_SUFFIX) else config
-    return next(d for d in cfg.draft_models if os.path.basename(d.rstrip("/")) == name)
-
-
 def cpu_seconds(pid: int) -> Optional[float]:
     """User + system CPU time of a process (all its threads), from /proc/PID/stat."""
     try:
@@ -244,14 +72,6 @@ QUIET_CORES = 0.3     # other work below this is quiet enough to measure
 QUIET_WAIT_S = 0.0
 
 
-def machine_busy_seconds() -> float:
-    """CPU seconds every core has been busy since boot: /proc/stat's user, nice, system, irq
-    and softirq (not idle, iowait, or steal, which is other virtual machines')."""
-    with open("/proc/stat") as fh:
-        user, nice, system, _idle, _iowait, irq, softirq = map(int, fh.readline().split()[1:8])
-    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
-
-
 def snapshot_cpu(pids: dict[str, int]) -> dict[str, float]:
     return {**{role: cpu_seconds(pid) or 0.0 for role, pid in pids.items()}, MACHINE: machine_busy_seconds()}
 
@@ -260,8 +80,8 @@ def cores_used(before: dict[str, float], after: dict[str, float], wall: float) -
     """CPU seconds per wall second of each role, and of whatever else ran on the machine: on a
     shared 2-core machine another job's load changes every number here, so it is recorded."""
     used = {role: (after[role] - before[role]) / wall for role in before}
-    machine = used.pop(MACHINE)
-    used[OTHERS] = max(0.0, machine - sum(used.values()))
+    busy = used.pop(MACHINE)
+    used[OTHERS] = max(0.0, busy - sum(used.values()))
     return {role: round(cores, 3) for role, cores in used.items()}
 
 
@@ -332,18 +152,18 @@ def summarise_records(records, wall: float) -> dict:
             "ms_per_step": round(1000 * latency / steps, 2)}
 
 
-def measured_run(url: str, method: str, conc: int, prompts: list[str], cfg, pids: dict[str, int],
+def measured_run(client: Client, method: str, conc: int, prompts: list[str], pids: dict[str, int],
                  quiet_wait: float = QUIET_WAIT_S) -> dict:
     """The prompts at concurrency `conc` once the machine is quiet: throughput, steps, and the
     cores each process used meanwhile."""
-    from .sglang_bench import measure
+    from .sglang_bench import check_speculated
 
     others_before = wait_for_quiet(pids, quiet_wait)
+    client.flush()
     cpu0 = snapshot_cpu(pids)
-    t0 = time.time()
-    records = measure(url, method, "heldout", conc, 0, prompts, cfg, t0)
-    wall = time.time() - t0
-    return {**summarise_records(records, wall), "cpu_cores": cores_used(cpu0, snapshot_cpu(pids), wall),
+    run = steady(client, prompts, conc, method=method, task="heldout")
+    check_speculated(method, "heldout", conc, run.records)
+    return {**summarise_records(run.records, run.wall_s), "cpu_cores": cores_used(cpu0, snapshot_cpu(pids), run.wall_s),
             "other_cores_before": round(others_before, 3)}
 
 
@@ -353,9 +173,7 @@ def profile_config(config: str, cfg, prompts: list[str], out: str, rate: int, ta
     added to the server's environment (a variant, named by `tag`)."""
     from sglang_domino.launch import free_port, start
 
-    from .machine import machine
     from .records import TARGET_ONLY
-    from .sglang_bench import generate
 
     port = free_port()
     cmd = cfg.launch_command(port, draft_for(cfg, config))
@@ -366,15 +184,14 @@ def profile_config(config: str, cfg, prompts: list[str], out: str, rate: int, ta
     env = {**os.environ, **server_env} if server_env else None
     with start(cmd, port, log_path, cfg.server_timeout, env=env) as server:
         method = TARGET_ONLY if config == "plain" else config
-        warm = prompts[: max(cfg.concurrencies)]
-        with ThreadPoolExecutor(len(warm)) as pool:
-            list(pool.map(lambda t: generate(server.url, t, cfg.model_copy(update={"max_new_tokens": 16})), warm))
+        client = Client(server.url, sampling(cfg))
+        warm_up(client, prompts[: max(cfg.concurrencies)])
         pids = server_processes(server)
         for conc in cfg.concurrencies:
-            unprofiled = measured_run(server.url, method, conc, prompts, cfg, pids, quiet_wait)
+            unprofiled = measured_run(client, method, conc, prompts, pids, quiet_wait)
             raw_path = os.path.join(out, f"raw-{name}-c{conc}.txt")
             spy, spy_log = start_spy(pids["scheduler"], raw_path, rate)
-            profiled = measured_run(server.url, method, conc, prompts, cfg, {**pids, "py-spy": spy.pid}, quiet_wait)
+            profiled = measured_run(client, method, conc, prompts, {**pids, "py-spy": spy.pid}, quiet_wait)
             spy_text = stop_spy(spy, spy_log)
             compress(raw_path)
             runs.append({"config": name, "concurrency": conc, "rate_hz": rate, "server_env": server_env or {},
@@ -386,32 +203,10 @@ def profile_config(config: str, cfg, prompts: list[str], out: str, rate: int, ta
     return runs
 
 
-def git_commit() -> str:
-    """The commit profiled, '+dirty' when tracked files differ from it."""
-    def git(*args):
-        return subprocess.run(["git", *args], capture_output=True, text=True).stdout.strip()
-    return git("rev-parse", "HEAD") + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
-
-
 def compress(path: str) -> None:
     with open(path, "rb") as src, gzip.open(path + ".gz", "wb") as dst:
         shutil.copyfileobj(src, dst)
     os.remove(path)
-
-
-def cpu_description() -> dict:
-    """The CPU by name, family and model, and the matrix instructions that matter for torch."""
-    info: dict = {}
-    with open("/proc/cpuinfo", encoding="utf-8") as fh:
-        for line in fh:
-            key, _, value = (s.strip() for s in line.partition(":"))
-            if key in ("model name", "cpu family", "model", "vendor_id") and key not in info:
-                info[key] = value
-            if key == "flags" and "flags" not in info:
-                flags = set(value.split())
-                info["flags"] = {f: f in flags for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")}
-    info["cores"] = os.cpu_count()
-    return info
 
 
 # -- summary -----------------------------------------------------------------------------

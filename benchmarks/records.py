@@ -10,12 +10,16 @@ from pydantic import BaseModel, Field
 
 TARGET_ONLY = "target-only"
 
+# Fields added with the load harness (`benchmarks/load.py`): written only where set, so a
+# run that does not use them writes the same lines as before, and older lines still read.
+OPTIONAL_FIELDS = ("in_flight", "scheduled_s", "arrival_rate", "server_latency_s", "error")
+
 
 class Record(BaseModel):
-    backend: str                     # "hf" or "sglang"
+    backend: str                     # "hf", "sglang" or "vllm"
     method: str                      # "target-only" or the draft's name
     task: str
-    concurrency: int = Field(ge=1)
+    concurrency: int = Field(ge=1)   # steady load: the requests kept in flight; open loop: the most reached
     repeat: int = Field(ge=0)
     prompt_index: int = Field(ge=0)
     prompt_tokens: int = Field(ge=0)
@@ -31,12 +35,28 @@ class Record(BaseModel):
     # same prompt (None: not checked, e.g. sampled, or the reference run itself)
     equal_output: Optional[bool] = None
     first_difference: Optional[int] = None   # index of the first completion token that differs
+    # served runs (`benchmarks/load.py`)
+    in_flight: Optional[int] = None          # requests in flight when this one was sent, itself included
+    scheduled_s: Optional[float] = None      # open loop: when it was due to arrive (start_s's clock)
+    arrival_rate: Optional[float] = None     # open loop: the requests per second offered
+    server_latency_s: Optional[float] = None  # the server's own end-to-end time (SGLang's meta_info)
+    error: Optional[str] = None              # a failed request: what went wrong (its tokens are 0)
+    # The reply itself, for exactness checks in memory; never written (the lines are timings,
+    # and the scripts that keep outputs write them into their own JSON).
+    output_ids: Optional[list[int]] = Field(None, exclude=True)
+    text: Optional[str] = Field(None, exclude=True)
+
+    @property
+    def accept_length(self) -> Optional[float]:
+        """Tokens per verify step where the server reported its steps (None otherwise)."""
+        return self.accepted_tokens / self.verify_steps if self.verify_steps else None
 
 
 def write(path: str, records: Iterable[Record], append: bool = True) -> None:
     with open(path, "a" if append else "w", encoding="utf-8") as fh:
         for rec in records:
-            fh.write(rec.model_dump_json() + "\n")
+            unset = {name for name in OPTIONAL_FIELDS if getattr(rec, name) is None}
+            fh.write(rec.model_dump_json(exclude=unset) + "\n")
 
 
 def read(path: str) -> list[Record]:

@@ -28,15 +28,15 @@ import os
 import shlex
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Optional, Union
 
-import requests
 from pydantic import Field
 
 from sglang_domino.launch import free_port, start
 
+from .common import sampling
 from .hf_bench import method_name
+from .load import Client, steady, warm_up
 from .machine import machine
 from .records import TARGET_ONLY, Record, write
 from .settings import BenchSettings
@@ -133,40 +133,11 @@ def _has_cuda() -> bool:
         return False
 
 
-def generate(url: str, text: str, cfg: SGLangBenchConfig) -> dict:
-    params = {"max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature}
-    if cfg.temperature == 0:
-        params["top_k"] = 1
-    else:
-        params.update({"top_k": cfg.top_k, "top_p": cfg.top_p})
-    resp = requests.post(url + "/generate", json={"text": text, "sampling_params": params}, timeout=3600)
-    if resp.status_code != 200:
-        raise RuntimeError(f"/generate answered {resp.status_code}: {resp.text[:300]}")
-    return resp.json()
-
-
-def measure(url: str, method: str, task: str, conc: int, repeat: int, prompts: list[str], cfg, clock0) -> list[Record]:
-    requests.post(url + "/flush_cache", timeout=60)
-
-    def one(item):
-        index, text = item
-        start = time.time() - clock0
-        out = generate(url, text, cfg)
-        end = time.time() - clock0
-        meta = out["meta_info"]
-        tokens = meta["completion_tokens"]
-        steps = int(meta.get("spec_verify_ct") or 0)
-        return Record(backend="sglang", method=method, task=task, concurrency=conc, repeat=repeat, prompt_index=index,
-                      prompt_tokens=meta.get("prompt_tokens", 0), completion_tokens=tokens, verify_steps=steps,
-                      accepted_tokens=tokens if steps else 0, start_s=start, end_s=end, latency_s=end - start,
-                      tok_per_s=tokens / (end - start))
-
-    with ThreadPoolExecutor(max_workers=conc) as pool:
-        records = list(pool.map(one, enumerate(prompts)))
+def check_speculated(method: str, task: str, conc: int, records: list[Record]) -> None:
+    """A speculative method whose server reported no verify step did not speculate: fail the run."""
     if method != TARGET_ONLY and sum(r.verify_steps for r in records) == 0:
         raise RuntimeError(f"{method}: meta_info.spec_verify_ct is 0 on every request of {task} at concurrency {conc}: "
                            "the server did not run speculative decoding")
-    return records
 
 
 def main() -> int:
@@ -195,15 +166,15 @@ def main() -> int:
             print(f"[{method}] {shlex.join(cmd)}", flush=True)
             log = f"server-{method}.log" if cfg.rounds == 1 else f"server-{method}-round{round_}.log"
             with start(cmd, port, os.path.join(cfg.out_dir, log), cfg.server_timeout) as running:
-                url = running.url
-                warm = next(iter(texts.values()))[: max(cfg.concurrencies)]
-                with ThreadPoolExecutor(max_workers=len(warm)) as pool:
-                    list(pool.map(lambda t: generate(url, t, cfg.model_copy(update={"max_new_tokens": 16})), warm))
+                client = Client(running.url, sampling(cfg))
+                warm_up(client, next(iter(texts.values()))[: max(cfg.concurrencies)])
                 for conc in cfg.concurrencies:
                     for repeat in range(cfg.repeats):
                         for task, prompts in texts.items():
-                            recs = measure(url, method, task, conc, round_ * cfg.repeats + repeat, prompts, cfg,
-                                           clock0)
+                            client.flush()
+                            recs = steady(client, prompts, conc, clock0, method=method, task=task,
+                                          repeat=round_ * cfg.repeats + repeat).records
+                            check_speculated(method, task, conc, recs)
                             write(records_path, recs)
                             bar.set_postfix(method=method, c=conc, task=task)
                             bar.update(len(recs))

@@ -18,13 +18,11 @@ import argparse
 import json
 import os
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-
-import requests
 
 from sglang_domino.launch import free_port, start
 
+from .load import Client, Sampling, steady
 from .testbed.load import committed
 from .testbed.prompts import heldout_prompts
 
@@ -40,14 +38,9 @@ def first_difference(a: list[int], b: list[int]):
 
 
 def run(url: str, prompts: list[list[int]], tokens: int, concurrency: int) -> list[list[int]]:
-    def one(ids):
-        body = {"input_ids": ids, "sampling_params": {"max_new_tokens": tokens, "temperature": 0}}
-        resp = requests.post(url + "/generate", json=body, timeout=3600)
-        resp.raise_for_status()
-        return resp.json()["output_ids"]
-
-    with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        return list(pool.map(one, prompts))
+    """Every prompt's greedy output ids, `concurrency` requests in flight."""
+    client = Client(url, Sampling(max_new_tokens=tokens))
+    return [r.output_ids for r in steady(client, prompts, concurrency).records]
 
 
 def command(bed: Path, dtype: str, draft, port: int) -> list[str]:

@@ -1,9 +1,11 @@
-"""The profiler's folding of py-spy stacks into buckets, on synthetic samples (no server)."""
+"""The profiler's folding of py-spy stacks into buckets, on synthetic samples (no server), and the
+committed profile's summary recomputed from its raw samples."""
 
 import gzip
 
 import pytest
 
+from benchmarks import profile_fold as pf
 from benchmarks import profile_step as ps
 
 SCHED = 'process 10:"python -m sglang.launch_server";process 11:"sglang::scheduler";thread (11): MainThread'
@@ -27,28 +29,28 @@ def raw_lines(weights: dict[str, int]) -> list[str]:
 
 
 def test_parse_raw_line_splits_process_thread_frames_and_count():
-    process, thread, frames, count = ps.parse_raw_line(ATTN + " 7\n")
-    assert process == "sglang::scheduler" and ps.role_of(process) == "scheduler"
-    assert ps.is_main_thread(thread)
+    process, thread, frames, count = pf.parse_raw_line(ATTN + " 7\n")
+    assert process == "sglang::scheduler" and pf.role_of(process) == "scheduler"
+    assert pf.is_main_thread(thread)
     assert frames[0] == LOOP.split(";")[0] and "torch_native_backend.py:241" in frames[-1] and count == 7
-    assert ps.parse_raw_line("not a sample") is None
+    assert pf.parse_raw_line("not a sample") is None
     # a recording of the scheduler alone has no process header
-    assert ps.parse_raw_line("thread (11): MainThread;a (b.py:1) 2") == ("", "thread (11): MainThread", ["a (b.py:1)"], 2)
+    assert pf.parse_raw_line("thread (11): MainThread;a (b.py:1) 2") == ("", "thread (11): MainThread", ["a (b.py:1)"], 2)
 
 
 def test_fold_gives_phase_and_op_shares():
-    parsed = [ps.parse_raw_line(line) for line in raw_lines({IDLE: 20, ATTN: 30, LINEAR: 10, ROLLOUT: 15, VERIFY: 10,
+    parsed = [pf.parse_raw_line(line) for line in raw_lines({IDLE: 20, ATTN: 30, LINEAR: 10, ROLLOUT: 15, VERIFY: 10,
                                                               BOOKKEEPING: 15, DETOK + ";loop (x.py:1)": 99})]
-    sched = ps.scheduler_samples(parsed)
+    sched = pf.scheduler_samples(parsed)
     assert sum(n for _, n in sched) == 100   # the detokenizer's samples are not the scheduler's
-    phase = ps.fold(sched, ps.PHASE_RULES)
+    phase = pf.fold(sched, pf.PHASE_RULES)
     assert phase["idle, polling for requests"] == pytest.approx(0.20)
     assert phase["decode: target forward"] == pytest.approx(0.40)
     assert phase["rollout (Domino head)"] == pytest.approx(0.15)   # its linear is the rollout's
     assert phase["verify: target forward"] == pytest.approx(0.10)  # not a plain decode forward
     assert phase["scheduling, batch bookkeeping"] == pytest.approx(0.15)
     assert sum(phase.values()) == pytest.approx(1.0)
-    op = ps.fold(sched, ps.OP_RULES)
+    op = pf.fold(sched, pf.OP_RULES)
     assert op["attention"] == pytest.approx(0.30)
     assert op["linear / matmul (lm head too)"] == pytest.approx(0.35)   # target's, verify's and rollout's
     assert op["outside the forwards: scheduler, worker, streaming"] == pytest.approx(0.15)
@@ -56,7 +58,7 @@ def test_fold_gives_phase_and_op_shares():
 
 def test_batched_attention_of_the_plugin_is_attention():
     batched = f"{RUN};{TARGET};RadixAttention.forward (radix_attention.py:100);attend (sglang_domino/sglang/cpu/attention.py:71)"
-    assert ps.classify(batched.split(";"), ps.OP_RULES) == "attention"
+    assert pf.classify(batched.split(";"), pf.OP_RULES) == "attention"
 
 
 def test_compiled_graphs_are_their_own_bucket_and_attention_inside_them_stays_attention():
@@ -65,26 +67,26 @@ def test_compiled_graphs_are_their_own_bucket_and_attention_inside_them_stays_at
     graph = (f"{RUN};CompiledTarget.__call__ (sglang_domino/sglang/cpu/compiled/forward.py:220);"
              "_TorchDynamoContext.__call__.<locals>.compile_wrapper (torch/_dynamo/eval_frame.py:1261);"
              "CompiledFxGraph.__call__ (torch/_inductor/output_code.py:828);Runner.call (cm4povmv.py:1658)")
-    assert ps.classify(graph.split(";"), ps.OP_RULES) == "compiled graphs (torch.compile), their calls"
+    assert pf.classify(graph.split(";"), pf.OP_RULES) == "compiled graphs (torch.compile), their calls"
     inside = graph + ";cpu_attention (sglang_domino/sglang/cpu/compiled/forward.py:95);" \
         "RadixAttention.forward (radix_attention.py:100);attend (sglang_domino/sglang/cpu/attention.py:71)"
-    assert ps.classify(inside.split(";"), ps.OP_RULES) == "attention"
+    assert pf.classify(inside.split(";"), pf.OP_RULES) == "attention"
 
 
 def test_fold_of_nothing_is_empty_and_unknown_frames_are_other():
-    assert ps.fold([], ps.PHASE_RULES) == {}
-    assert ps.fold([(["mystery (a.py:1)"], 3)], ps.PHASE_RULES) == {ps.OTHER: 1.0}
+    assert pf.fold([], pf.PHASE_RULES) == {}
+    assert pf.fold([(["mystery (a.py:1)"], 3)], pf.PHASE_RULES) == {pf.OTHER: 1.0}
 
 
 def test_read_raw_reads_gzip_and_top_leaves_filters(tmp_path):
     path = tmp_path / "raw.txt.gz"
     with gzip.open(path, "wt") as fh:
         fh.write("\n".join(raw_lines({IDLE: 2, ATTN: 3, LINEAR: 5})) + "\n")
-    parsed = ps.read_raw(str(path))
+    parsed = pf.read_raw(str(path))
     assert [n for *_, n in parsed] == [2, 3, 5]
-    sched = ps.scheduler_samples(parsed)
-    assert ps.top_leaves(sched)[0] == ("UnquantizedLinearMethod.apply (quantization/unquant.py:614)", 0.5)
-    assert ps.top_leaves(sched, within=ps.ATTENTION_FILES) == [
+    sched = pf.scheduler_samples(parsed)
+    assert pf.top_leaves(sched)[0] == ("UnquantizedLinearMethod.apply (quantization/unquant.py:614)", 0.5)
+    assert pf.top_leaves(sched, within=pf.ATTENTION_FILES) == [
         ("TorchNativeAttnBackend._run_sdpa_forward_decode (torch_native_backend.py:241)", 0.3)]
 
 
@@ -93,8 +95,8 @@ def test_committed_profile_reproduces_from_its_raw_samples():
     import json
     import os
 
-    out = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "results",
-                       "cpu-profile")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = os.path.join(root, "benchmarks", "results", "cpu-profile")
     with open(os.path.join(out, "runs.json"), encoding="utf-8") as fh:
         runs = json.load(fh)
     with open(os.path.join(out, "summary.md"), encoding="utf-8") as fh:

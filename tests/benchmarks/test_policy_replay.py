@@ -10,7 +10,7 @@ import pytest
 from benchmarks.policy_replay import Request, load_traces, replay
 from sglang_domino.sglang.adaptive import AdaptiveWidth, AdaptiveWidthConfig
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SERVED = os.path.join(ROOT, "benchmarks", "results", "policy-replay", "trace-t1.5-fp32", "width-16")
 
 

@@ -1,6 +1,6 @@
 """benchmarks/peer_ab.py and benchmarks/peers/vllm_server.py without a server and without vLLM:
 the table from fake runs, the exactness count, /metrics parsing, each vLLM config's command line,
-and the request bodies both kinds of server get."""
+and which client each config gets."""
 
 import json
 
@@ -68,19 +68,14 @@ def test_server_env(tmp_path):
     assert "LD_PRELOAD" not in env and env["VLLM_CPU_KVCACHE_SPACE"] == "4"
 
 
-def test_both_servers_get_the_same_ids_and_greedy_params():
-    ids = [1, 350, 201, 2]
-    path, ours = peer_ab.request_body("domino", ids, 32)
-    assert path == "/generate"
-    assert ours == {"input_ids": ids, "sampling_params": {"max_new_tokens": 32, "temperature": 0.0, "top_k": 1}}
-    path, theirs = peer_ab.request_body("vllm-dflash", ids, 32)
-    assert path == "/v1/completions"
-    assert theirs["prompt"] == ids and theirs["max_tokens"] == 32 and theirs["temperature"] == 0.0
-    assert theirs["return_token_ids"] is True
-    assert peer_ab.parse_reply("vllm-plain", {"choices": [{"token_ids": [5, 6]}], "usage": {"completion_tokens": 2}}) \
-        == {"output_ids": [5, 6], "completion_tokens": 2, "verify_steps": None}
-    reply = {"output_ids": [5, 6, 7], "meta_info": {"completion_tokens": 3, "spec_verify_ct": 1}}
-    assert peer_ab.parse_reply("dflash", reply) == {"output_ids": [5, 6, 7], "completion_tokens": 3, "verify_steps": 1}
+def test_each_config_is_asked_by_its_kind_of_client_greedily():
+    """Our servers on /generate, vLLM's on /v1/completions (`benchmarks.load` builds both
+    bodies; tests/benchmarks/test_load.py checks them), greedy, the run's length."""
+    assert peer_ab.client("http://x", "domino", 32).kind == "sglang"
+    assert peer_ab.client("http://x", "plain-compiled", 32).kind == "sglang"
+    theirs = peer_ab.client("http://x", "vllm-dflash", 32)
+    assert theirs.kind == "vllm" and theirs.sampling.max_new_tokens == 32 and theirs.sampling.temperature == 0
+    assert theirs.model == vllm_server.SERVED_NAME
     assert peer_ab.order(["a", "b", "c"], 0) == ["a", "b", "c"] and peer_ab.order(["a", "b", "c"], 1) == ["c", "b", "a"]
 
 
@@ -144,25 +139,3 @@ def test_refold_rewrites_the_table_from_the_json(tmp_path):
     assert peer_ab.main(["--refold", "--out", str(tmp_path)]) == 0
     text = (tmp_path / "peer_ab.md").read_text()
     assert "| vLLM-CPU n-gram | 1 | 255.0 |" in text and "| 3 of 4 |" in text
-
-
-def test_a_flush_refused_while_a_request_leaves_the_batch_is_retried(monkeypatch):
-    import requests
-
-    answers = [400, 400, 200]
-    calls = []
-
-    def post(url, timeout):
-        calls.append(url)
-        return type("Resp", (), {"status_code": answers.pop(0), "text": "Flush cache failed."})()
-
-    monkeypatch.setattr(requests, "post", post)
-    monkeypatch.setattr(peer_ab.time, "sleep", lambda s: None)
-    peer_ab.flush("http://x", "domino")
-    assert calls == ["http://x/flush_cache"] * 3
-    answers[:] = [500]
-    with pytest.raises(RuntimeError, match="answered 500"):
-        peer_ab.flush("http://x", "vllm-plain")
-    answers[:] = [400] * 3
-    with pytest.raises(RuntimeError, match="answered 400: Flush cache failed"):
-        peer_ab.flush("http://x", "domino", attempts=3)
