@@ -41,7 +41,7 @@ from .peers import vllm_server
 from .sglang_numerics import first_difference
 
 # "-compiled": the same server with SGLang's `--enable-torch-compile`: the compiled CPU step
-# (`sglang_domino/sglang/cpu/compiled/forward.py`, `cpu/compiled/rollout.py`)
+# (`sglang_domino/sglang/cpu/compiled/forward.py`, `step/compiled_rollout.py`)
 COMPILED = "-compiled"
 COMPILED_FLAGS = ("--enable-torch-compile",)
 OURS = ("plain", "domino", "dflash", "plain" + COMPILED, "domino" + COMPILED, "dflash" + COMPILED)

@@ -56,7 +56,7 @@ OP_RULES: list[tuple[str, tuple[str, ...]]] = [
     ("norm, rope, activation", ("RMSNorm", "rotary_emb", "RotaryEmbedding", "SiluAndMul", "silu",
                                 "apply_qk_norm")),
     # code torch.compile generated (the opt-in compiled layers and rollout, cpu/compiled/forward.py,
-    # cpu/compiled/rollout.py) and its call wrappers; the attention they call is counted above
+    # step/compiled_rollout.py) and its call wrappers; the attention they call is counted above
     ("compiled graphs (torch.compile), their calls", ("CompiledFxGraph.__call__", "compile_wrapper")),
     ("rollout (Domino head), other ops", ("domino_greedy_rollout",)),
     ("model forward, Python between ops", ("ModelRunner.forward",)),

@@ -262,6 +262,6 @@ SPEC_CONFIGS = {config.name: config for config in [
     ServerConfig("domino_adaptive", "domino", "adaptive"),
     ServerConfig("domino_q_adaptive", "domino", "adaptive", flags=Q_RULE, env=Q_RULE_ENV),
     # the compiled CPU step: the target's and the draft's layers, the context write and the Domino
-    # rollout under torch.compile (`--enable-torch-compile`, `cpu/compiled/forward.py`, `cpu/compiled/rollout.py`)
+    # rollout under torch.compile (`--enable-torch-compile`, `cpu/compiled/forward.py`, `step/compiled_rollout.py`)
     ServerConfig("domino_adaptive_compiled", "domino", "adaptive", flags=COMPILED),
 ]}

@@ -1,4 +1,4 @@
-"""`sglang_domino.sglang.cpu.compiled.rollout`: the greedy Domino rollout under `torch.compile` on CPU,
+"""`sglang_domino.sglang.step.compiled_rollout`: the greedy Domino rollout under `torch.compile` on CPU,
 against 0.5.23's eager `domino_greedy_rollout`, in process."""
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def test_the_compiled_rollout_proposes_upstreams_chain_and_compiles_once_per_blo
     eager rollout's, token for token."""
     import torch._dynamo.utils as dynamo_utils
 
-    from sglang_domino.sglang.cpu.compiled import rollout as cpu_rollout
+    from sglang_domino.sglang.step import compiled_rollout as cpu_rollout
 
     compiled = cpu_rollout.CompiledRollout(mods[2], mods[3])
     weight = mods[1].weight
@@ -72,7 +72,7 @@ def test_the_rollout_hook_runs_eligible_cpu_calls_compiled(mods, monkeypatch):
     and upstream's tokens; without the compiled step upstream runs."""
     from sglang.srt.layers.quantization.unquant import UnquantizedEmbeddingMethod
 
-    from sglang_domino.sglang.cpu.compiled import rollout as cpu_rollout
+    from sglang_domino.sglang.step import compiled_rollout as cpu_rollout
     from sglang_domino.sglang.cpu.compiled import switches
     from sglang_domino.sglang.step.rollout_hook import around_domino_rollout
 
@@ -124,7 +124,7 @@ def test_tensor_parallel_ranks_run_the_rollout_compiled_with_the_single_ranks_pr
 def tensor_parallel_rollout():
     import threading
 
-    from sglang_domino.sglang.cpu.compiled import rollout as cpu_rollout
+    from sglang_domino.sglang.step import compiled_rollout as cpu_rollout
     from sglang_domino.sglang.cpu.compiled import switches
     from tests.sglang.tp_fakes import H, Exchange, FakeGroup
 

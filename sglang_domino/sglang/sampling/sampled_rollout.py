@@ -130,7 +130,7 @@ class UpstreamDominoHead:
 
     The GRU is held as its weights and run one cell step at a time, the prefix included
     (from a zero state, as `nn.GRU` starts): the same recurrence, and one `torch.compile`
-    can trace (it refuses `nn.GRU` modules; `sglang_domino.sglang.cpu.compiled.rollout`)."""
+    can trace (it refuses `nn.GRU` modules; `sglang_domino.sglang.step.compiled_rollout`)."""
 
     def __init__(self, prefix_gru, embed_proj):
         self.proj = embed_proj

@@ -71,7 +71,7 @@ PATCHES: tuple[Patch, ...] = (
           "no PyNccl or custom all-reduce on CPU: gloo does every collective",
           params=("use_pynccl", "use_custom_allreduce")),
     Patch("scheduler_start", f"{_S}.distributed.bootstrap.init_parallel_runtime",
-          "cpu.hybrid.runtime:before_init_parallel_runtime", Kind.BEFORE, CPU_ENGINE,
+          "seam.scheduler_start:before_init_parallel_runtime_on_cpu", Kind.BEFORE, CPU_ENGINE,
           "installs the `cpu stand-in` and `cpu attention` groups in the processes that run a model"),
     Patch("draft_backend_choice", f"{_S}.arg_groups.choices.DRAFT_ATTENTION_BACKEND_CHOICES",
           "cpu.dflash:allow_torch_native_draft_backend", Kind.CALL, CPU_ENGINE,

@@ -18,6 +18,13 @@ def before_init_parallel_runtime(*args, server_args=None, **kwargs):
     hooks.install_moment(hooks.Moment.SCHEDULER_START, server_args, processes="schedulers")
 
 
+def before_init_parallel_runtime_on_cpu(*args, server_args=None, **kwargs):
+    """Every model-running CPU process at scheduler start (registered with the CPU engine):
+    the manifest's groups for these processes whose predicate holds (the stand-in's
+    replacements, the batched torch_native attention, the compiled step)."""
+    hooks.install_moment(hooks.Moment.SCHEDULER_START, server_args, processes="model-running processes")
+
+
 # -- the predicates of this moment's groups (`manifest.py`) ---------------------------------
 def a_server(server_args) -> bool:
     """Every server: /server_info reports the max_running_requests the scheduler admits."""

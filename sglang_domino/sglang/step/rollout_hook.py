@@ -5,7 +5,7 @@ One hook, because `HookRegistry` patches a target once; four concerns:
   * `no_proposals`: an adaptive width-1 step has nothing to propose (upstream raises);
   * `embedding_weight`: the eager rollout's feedback embedding looked up plainly;
   * the q rule's sampled rollout (`sampled_rollout`), while a sampled step is current;
-  * on CPU, opt-in, the greedy rollout compiled (`cpu.rollout`).
+  * on CPU, opt-in, the greedy rollout compiled (`compiled_rollout`).
 Calls from the captured draft graph (`in_cuda_graph=True`) go to upstream unchanged.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..cpu.compiled import rollout as cpu_rollout
+from . import compiled_rollout as cpu_rollout
 from ..sampling.sampled_rollout import active_step, domino_sampled_rollout
 
 

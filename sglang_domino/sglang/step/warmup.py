@@ -143,7 +143,7 @@ def warm_cpu_rollout(worker, blocks: Sequence[int]) -> list[tuple[int, int]]:
     each costs seconds, and an adaptive server prices the width whose step paid them from
     that step. Returns the (block, batch size) calls made; none when the step is not
     compiled. A rollout the compiled step cannot run is refused here, at start-up."""
-    from ..cpu.compiled import rollout as cpu_rollout
+    from . import compiled_rollout as cpu_rollout
     from ..cpu.compiled.switches import compiled_step_serving
 
     draft = worker.draft_model

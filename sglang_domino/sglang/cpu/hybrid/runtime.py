@@ -3,10 +3,10 @@ that are Triton-only on CPU and are not `sgl_kernel` ops, replaced in every mode
 process while the `sgl_kernel` stand-in is serving (with a real CPU `sgl_kernel`, 0.5.23
 takes its own AMX paths and nothing here is installed).
 
-Installed from a BEFORE hook on `bootstrap.init_parallel_runtime` (called by every
-`Scheduler.__init__` before it builds the model): the modules replaced import Triton, so
-they are not touched in the processes that never run a model (the server, the
-detokenizer).
+Installed at scheduler start in the model-running processes (the seam's
+`scheduler_start.before_init_parallel_runtime_on_cpu`, where `standin_serving` holds): the
+modules replaced import Triton, so they are not touched in the processes that never run a
+model (the server, the detokenizer).
 
   * `layernorm_gated.RMSNorm.forward` (`kernels/ops/attention/fla/`, the Qwen3.5 GDN
     output norm) and `fused_norm_gate.FusedRMSNormGated.forward` (Qwen3-Next's): Triton
@@ -32,12 +32,3 @@ def standin_serving(_context=None) -> bool:
     except ImportError:
         return False
     return bool(getattr(mod, "__sglang_domino_standin__", False))
-
-
-def before_init_parallel_runtime(*args, **kwargs):
-    """Every model-running CPU process at scheduler start: the groups of the manifest for
-    these processes whose predicate holds (the stand-in's replacements, the batched
-    torch_native attention, the compiled step)."""
-    from ...seam import hooks
-
-    hooks.install_moment(hooks.Moment.SCHEDULER_START, kwargs.get("server_args"), processes="model-running processes")

@@ -32,10 +32,10 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from ....rollout import propose_domino
-from ...sampling import rollout_inputs, sampled_rollout
-from . import graph_ops
-from .switches import allow_graphs, compiled_step_serving, guarded_inputs
+from ...rollout import propose_domino
+from ..cpu.compiled import graph_ops
+from ..cpu.compiled.switches import allow_graphs, compiled_step_serving, guarded_inputs
+from ..sampling import rollout_inputs, sampled_rollout
 
 
 class GreedyPick:
