@@ -60,7 +60,9 @@ def test_sampled_min_new_tokens_holds_the_stop_token_back(spec):
         assert status == 200, body
         return [len(row["output_ids"]) for row in body]
 
-    assert min(lengths(stop)) < 12, "the stop token never came early: the test has no power"
+    # power: about a fifth of the rows stop before 12 without min_new_tokens; 32 rows all
+    # running past it is a ~1e-3 event (seen once in CI), so up to three draws are taken
+    assert any(min(lengths(stop)) < 12 for _ in range(3)), "the stop token never came early: the test has no power"
     assert min(lengths({**stop, "min_new_tokens": 12})) >= 12, spec.config.name
 
 
@@ -90,6 +92,12 @@ def test_generate_reports_speculation(spec):
     log = spec.log()
     shown = "adaptive [16, 8, 4, 2, 1]" if config.adaptive else width
     assert f"sglang-domino DFLASH worker: device=cpu, draft block={BLOCK}, verify width={shown}" in log
+    # the worker's install groups, chosen by the manifest's predicates of the worker
+    groups = set(re.search(r"sglang-domino worker groups: ([^\n]*)", log).group(1).split(", "))
+    assert {"checkpoint compat", "cpu dflash", "penalties"} <= groups
+    assert ("b8 reservation" in groups) == (width < BLOCK and not config.adaptive), groups
+    assert ("adaptive metrics" in groups) == config.adaptive, groups
+    assert ("domino rollout" in groups) == config.draft.startswith("domino"), groups
     # and the target computed `width` positions per request, not the draft block's 16
     tokens, requests = map(int, re.search(r"first verify: the target computed (\d+) tokens for (\d+) request", log).groups())
     assert tokens == width * requests

@@ -72,7 +72,7 @@ class DominoDFlashWorker(ExactAccept, DFlashWorkerV2):
                 target_vocab_size=int(target_worker.model_runner.model_config.vocab_size))
         self.domino_draft_config = draft_cfg
         # checkpoint compatibility; on CPU, the DFLASH runtime (the manifest's predicates)
-        hooks.install_moment(hooks.Moment.WORKER_BEFORE, self)
+        groups = hooks.install_moment(hooks.Moment.WORKER_BEFORE, self)
 
         if self._on_cpu:
             with cpu_dflash.domino_device_gate_lifted():
@@ -121,7 +121,8 @@ class DominoDFlashWorker(ExactAccept, DFlashWorkerV2):
         self._step_penalties = None
         # penalties; b8's KV reservation, adaptive metrics and the Domino rollout's hook where
         # they apply (the manifest's predicates)
-        hooks.install_moment(hooks.Moment.WORKER_AFTER, self)
+        groups += hooks.install_moment(hooks.Moment.WORKER_AFTER, self)
+        logger.info("sglang-domino worker groups: %s", ", ".join(groups))
         FirstVerifyLog(self).install()
 
     def _deferred_context(self):
