@@ -13,7 +13,7 @@ from tests.e2e.client import (CHAT, HF_PROMPTS, MAX_TOKENS, PENALISED, PROMPTS, 
                               check_streams_and_abort, completion, generate_ids, generate_penalised,
                               transformers_spec)
 from tests.helpers import tiny
-from tests.helpers.servers import ADAPTIVE_LOG_EVERY, BASE_ARGS, BLOCK, SPEC_CONFIGS, server_env
+from tests.helpers.servers import ADAPTIVE_LOG_EVERY, BLOCK, SPEC_CONFIGS, server_env
 
 pytestmark = pytest.mark.sglang_e2e
 
