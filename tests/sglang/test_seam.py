@@ -5,7 +5,6 @@ channel to the schedulers round-trips."""
 
 from __future__ import annotations
 
-import importlib
 import os
 
 import pytest
@@ -82,11 +81,8 @@ def test_every_row_names_an_implementation_that_exists():
     specs = [p.impl for p in hooks.PATCHES] + [s for g in hooks.GROUPS for s in (g.predicate, g.prepare) if s]
     broken = []
     for spec in specs:
-        module, attr = spec.split(":")
         try:
-            obj = importlib.import_module(f"{manifest.PLUGIN_PACKAGE}.{module}")
-            for part in attr.split("."):
-                obj = getattr(obj, part)
+            manifest.resolve(spec)
         except (ImportError, AttributeError) as exc:
             broken.append(f"{spec}: {exc}")
     assert not broken, broken
@@ -133,7 +129,7 @@ def test_the_manifest_drives_every_install_moment():
         if installable and group.moment is not hooks.Moment.PLATFORM_IMPORT and group.moment is not hooks.Moment.RESOLUTION:
             assert group.predicate, group.name
             for spec in filter(None, (group.predicate, group.prepare)):
-                assert callable(hooks._function(spec)), spec
+                assert callable(manifest.resolve(spec)), spec
         else:
             assert not group.predicate and not group.prepare, group.name
 

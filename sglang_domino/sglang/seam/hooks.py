@@ -1,17 +1,17 @@
 """The seam with SGLang 0.5.23: every patch the plugin makes, declared in one list.
 
 SGLang has no extension point for most of what a DFLASH plugin must change, so the plugin
-patches private symbols of the pinned release. `PATCHES` (`manifest_patches.py`) names each
+patches private symbols of the pinned release. `PATCHES` (`patches.py`) names each
 one: the upstream symbol, how it is changed (`Kind`), which processes change it and at
 which moment (`Moment`), the install unit it belongs to (`Group`), and why; the vocabulary
-is `manifest.py`. `DEPENDS` (`manifest_depends.py`) names what the plugin reads or calls
+is `manifest.py`. `DEPENDS` (`depends.py`) names what the plugin reads or calls
 without changing it. This module installs them. `UPSTREAM.md` beside this file gives each row's
 file:line in the pinned wheel; `tests/sglang/test_seam.py` checks every row against the
 installed SGLang, one case per row.
 
 The kinds are installed in two ways:
-  * `install_moment(moment, context)` installs, at `register()` and at scheduler start,
-    every group of that moment whose predicate (a field of the group) holds of the moment's
+  * `install_moment(moment, context)` installs, at `register()`, at scheduler start and
+    before and after 0.5.23's worker constructor, every group of that moment whose predicate (a field of the group) holds of the moment's
     context; `install(group)` installs the group's rows of the kinds `HookRegistry` applies
     (AROUND, AFTER, BEFORE, REPLACE), the resolution hooks, and runs its CALL rows, once
     per process;
@@ -27,7 +27,6 @@ resolved only when installed.
 
 from __future__ import annotations
 
-import importlib
 import pkgutil
 
 # the vocabulary and the groups, read as `hooks.X` by the code that installs a group
@@ -35,7 +34,7 @@ from .manifest import (ADAPTIVE_METRICS, B8_RESERVATION, B8_STATE, CHECKPOINT_CO
                        CPU_DISAGGREGATION, CPU_ENGINE, CPU_FORWARD, CPU_PROCESS, CPU_STANDIN, DISAGGREGATION,
                        DOMINO_ROLLOUT, EVERY_PROCESS, GROUPS, HOOK_KINDS, HYBRID_REPLAY, INSTALLED_BY_GROUP,
                        PENALTIES, PLATFORM, RESOLVE, RUNNING_REQUESTS, STEP, WORKER, Dependency, Group, Kind, Moment,
-                       PLUGIN_PACKAGE, Patch)
+                       Patch, resolve)
 from .depends import DEPENDS
 from .patches import PATCHES, WIDTH_STATE
 
@@ -79,19 +78,14 @@ def always(_context=None) -> bool:
     return True
 
 
-def _function(spec: str):
-    module, attr = spec.split(":")
-    return getattr(importlib.import_module(f"{PLUGIN_PACKAGE}.{module}"), attr)
-
-
 def install_group(group: Group, context=None) -> bool:
     """Install `group` where its predicate holds of `context`, after its `prepare` (which
     may refuse what cannot work); returns whether the predicate held (the group is then in
     place, installed by this call or an earlier one)."""
-    if not group.predicate or not _function(group.predicate)(context):
+    if not group.predicate or not resolve(group.predicate)(context):
         return False
     if group.prepare:
-        _function(group.prepare)(context)
+        resolve(group.prepare)(context)
     install(group)
     return True
 

@@ -14,6 +14,16 @@ from dataclasses import dataclass
 PLUGIN_PACKAGE = __package__.rpartition(".")[0]
 
 
+def resolve(spec: str):
+    """The object a row, predicate or preparation names as `module:attr` (`attr` may be
+    dotted) under the plugin package, imported only now."""
+    module, attr = spec.split(":")
+    obj = importlib.import_module(f"{PLUGIN_PACKAGE}.{module}")
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
 class Kind(str, enum.Enum):
     AROUND = "around"              # HookRegistry: fn(original, *args, **kwargs)
     AFTER = "after"                # HookRegistry: fn(result, *args, **kwargs)
@@ -133,11 +143,7 @@ class Patch:
         return self.group.moment
 
     def implementation(self):
-        module, attr = self.impl.split(":")
-        obj = importlib.import_module(f"{PLUGIN_PACKAGE}.{module}")
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-        return obj
+        return resolve(self.impl)
 
 
 @dataclass(frozen=True)
