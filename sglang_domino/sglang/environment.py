@@ -29,11 +29,12 @@ class EnvVar:
 DISABLE = EnvVar("SGLANG_DOMINO_DISABLE", "kill switch", ("1", "0"),
                  "`1` turns the plugin off in every process: 0.5.23's own DFLASH worker and no hook "
                  "(the `--device cpu` platform stays).")
-DEBUG = EnvVar("SGLANG_DOMINO_DEBUG", "debug", ("q-rule-block", "upstream-cpu-attention"),
+DEBUG = EnvVar("SGLANG_DOMINO_DEBUG", "debug", ("q-rule-block", "upstream-cpu-attention", "spawn-cpu-processes"),
                "Comma-separated checks, none by default. `q-rule-block`: each q-rule verify checks that the "
                "verified block is the rollout's proposals (a host sync that waits for the verify). "
                "`upstream-cpu-attention`: 0.5.23's per-request CPU attention loops instead of the batched "
-               "ones, for side-by-side measurements.")
+               "ones, for side-by-side measurements. `spawn-cpu-processes`: a CPU server's scheduler and "
+               "detokenizer processes spawned as 0.5.23 starts them (each imports SGLang again), not forked.")
 SCHEDULER_SETTINGS = EnvVar("SGLANG_DOMINO_SCHEDULER_SETTINGS", "private", ("*",),
                             "Written by argument resolution, read by the schedulers it spawns "
                             "(`settings.py`); never set by hand.")

@@ -92,6 +92,9 @@ def test_generate_reports_speculation(spec):
     log = spec.log()
     shown = "adaptive [16, 8, 4, 2, 1]" if config.adaptive else width
     assert f"sglang-domino DFLASH worker: device=cpu, draft block={BLOCK}, verify width={shown}" in log
+    # the scheduler and detokenizer were forked from the launcher (`cpu/start_method.py`)
+    assert "sglang-domino: the CPU scheduler processes forked" in log
+    assert "sglang-domino: the CPU detokenizer processes forked" in log
     # the worker's install groups, chosen by the manifest's predicates of the worker
     groups = set(re.search(r"sglang-domino worker groups: ([^\n]*)", log).group(1).split(", "))
     assert {"checkpoint compat", "cpu dflash", "penalties"} <= groups
