@@ -96,29 +96,34 @@ def _reference(layers, final_norm, hidden, positions):
     return hidden, streams
 
 
-def test_compiled_layers_match_the_eager_layers_and_compile_nothing_after_the_warm_up(caplog):
-    """Every row count (one row, a decode batch, verify blocks, a prefill), in inference
-    mode or not, runs the four graphs the warm-up compiled, with the step's batch handed to every layer's attention,
+@pytest.mark.parametrize("inference", [False, True], ids=["grad-free (target)", "inference (draft)"])
+def test_compiled_layers_match_the_eager_layers_and_compile_nothing_after_the_warm_up(caplog, inference):
+    """Every row count (one row, a decode batch, verify blocks, a prefill), in the mode the
+    warm-up was given (the target grad-free, the draft in inference mode), runs the two
+    graphs the warm-up compiled, with the step's batch handed to every layer's attention,
     and gives the eager layers' hidden states and residual streams."""
     from sglang_domino.sglang.cpu.compiled import forward as cf
 
     seen = []
     layers, final_norm = _layers(3, seen)
     compiled = cf.CompiledLayers(layers, final_norm)
-    compiled.warm(torch.float32, HIDDEN)
+    real, calls = compiled._compiled, []
+    compiled._compiled = lambda h, p: calls.append((int(h.shape[0]), torch.is_inference_mode_enabled())) or real(h, p)
+    compiled.warm(torch.float32, HIDDEN, inference=inference)
+    compiled._compiled = real
+    assert calls == [(1, inference), (2, inference)]    # one row and many, in the model's mode only
     assert compiled.warmed and seen == []    # the warm-up never reaches an attention module
     graphs = compiled.graphs()
     batch = object()
     with caplog.at_level(logging.WARNING, logger=cf.__name__):
         for rows in (1, 2, 5, 16, HIDDEN, HEAD_DIM, 48, 7):
             seen.clear()
-            # the draft is called in inference mode, the target without
-            # (and the draft may be given hidden states made outside it: mixed)
+            # the draft may be given hidden states made outside its mode: mixed inputs
             with torch.inference_mode(rows % 3 == 0):
                 hidden, positions = _inputs(rows, seed=rows)
-            with torch.inference_mode(rows % 2 == 0):
+            with torch.inference_mode(inference):
                 got, streams = compiled(hidden, positions, batch)
-                assert got.is_inference() == torch.is_inference_mode_enabled()
+                assert got.is_inference() == inference
             assert [i for i, _ in seen] == [0, 1, 2] and all(b is batch for _, b in seen)
             want, want_streams = _reference(layers, final_norm, hidden, positions)
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
@@ -129,7 +134,7 @@ def test_compiled_layers_match_the_eager_layers_and_compile_nothing_after_the_wa
     assert cf.NEW_GRAPH not in caplog.text
     # positions of a dtype the warm-up did not compile are a new graph, and say so
     hidden, positions = _inputs(4, seed=1)
-    with caplog.at_level(logging.WARNING, logger=cf.__name__):
+    with caplog.at_level(logging.WARNING, logger=cf.__name__), torch.inference_mode(inference):
         compiled(hidden, positions.to(torch.int32), batch)
     assert cf.NEW_GRAPH in caplog.text
 
@@ -285,7 +290,7 @@ def tensor_parallel_ranks():
     groups = [FakeGroup(exchange, r) for r in range(world)]
     ranks = [cf.CompiledLayers(_shard(layers, r, world, groups[r]), final_norm) for r in range(world)]
     for compiled in ranks:
-        compiled.warm(torch.float32, HIDDEN)   # one rank after the other: no collective at load
+        compiled.warm(torch.float32, HIDDEN, inference=False)   # one rank after the other: no collective at load
     assert not any(g.calls for g in groups)
     for rows in (1, 6):
         hidden, positions = _inputs(rows, seed=20 + rows)
@@ -340,7 +345,7 @@ def test_the_shape_warm_up_covers_every_batch_at_every_width_and_compiles_nothin
             elif isinstance(getattr(value, "weight", None), torch.Tensor):
                 value.weight = value.weight.to(torch.bfloat16)
     compiled = cf.CompiledLayers(layers, final_norm)
-    compiled.warm(torch.bfloat16, HIDDEN)
+    compiled.warm(torch.bfloat16, HIDDEN, inference=True)
     graphs = compiled.graphs()
     calls = []
     real = compiled._compiled

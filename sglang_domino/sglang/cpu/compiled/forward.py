@@ -188,16 +188,15 @@ class CompiledLayers:
                            torch.is_inference_mode_enabled())   # the caller's modes, restored by now
         return out
 
-    def warm(self, dtype: torch.dtype, hidden_size: int) -> float:
-        """Compile the graphs serving needs with the attention returning zeros: one row
-        and many rows, each with and without inference mode (the target is called in
-        grad-free mode, the draft in inference mode, and dynamo's guards tell the two
-        apart); seconds taken."""
+    def warm(self, dtype: torch.dtype, hidden_size: int, inference: bool) -> float:
+        """Compile the graphs serving needs with the attention returning zeros: one row and
+        many rows, in the mode the model is called in (the target grad-free, the draft in
+        inference mode: dynamo's guards tell the two apart, and a graph of the other mode
+        would cost a start-up a few seconds for nothing); seconds taken."""
         t0 = time.perf_counter()
-        for inference in (False, True):
-            with torch.inference_mode(inference):
-                for rows in (1, 2):
-                    self(torch.zeros(rows, hidden_size, dtype=dtype), torch.zeros(rows, dtype=torch.int64), None)
+        with torch.inference_mode(inference):
+            for rows in (1, 2):
+                self(torch.zeros(rows, hidden_size, dtype=dtype), torch.zeros(rows, dtype=torch.int64), None)
         self.warmed = True
         return time.perf_counter() - t0
 
@@ -345,8 +344,8 @@ def after_load_model(result, runner, *args, **kwargs):
     compiled = CompiledDraft(model) if draft else CompiledTarget(model)
     model.forward = compiled
     dtype = next(model.parameters()).dtype
-    seconds = compiled.layers.warm(dtype, model.config.hidden_size)
     # the draft is called in inference mode, the target without
+    seconds = compiled.layers.warm(dtype, model.config.hidden_size, inference=draft)
     seconds += warm_shapes(compiled.layers, dtype, model.config.hidden_size,
                            serving_rows(runner.server_args, draft), inference=draft)
     compiled.warm_embedding()
