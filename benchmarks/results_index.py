@@ -102,6 +102,7 @@ QUESTIONS = {
     "sglang-testbed-t0.6": "Sampled at T=0.6, point-mass vs q rule: speed at c1/c4?",
     "sglang-testbed-t1.0": "Sampled at T=1.0, point-mass vs q rule: speed at c1/c4?",
     "speed-factor-runaway-fp32": "fp32: the first speed-tracking try, which ran away (dropped)?",
+    "startup-epyc-2026-12-06": "A warm restart's seconds: children forked vs spawned, eager vs compiled?",
     "testbed-corpus-pilot.json": "Which corpus to train the test bed's target on?",
     "testbed.json": "Test bed acceptance per temperature, width and rule, and speed (records)?",
     "testbed.md": "Test bed acceptance per temperature, width and rule, and speed (Transformers)?",

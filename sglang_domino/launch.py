@@ -176,9 +176,9 @@ class Server:
         self.children.update(p for p in self.group() if p != self.pid)
 
     def wait_healthy(self, timeout: float, on_wait: Optional[Callable[[float], None]] = None,
-                     tail_lines: int = 15) -> "Server":
-        """Return once `/health` answers 200; `on_wait(seconds)` is called about once a
-        second meanwhile (a progress line). Raises RuntimeError with the log's last
+                     tail_lines: int = 15, poll: float = 1.0) -> "Server":
+        """Return once `/health` answers 200 (asked every `poll` seconds); `on_wait(seconds)`
+        is called as often meanwhile (a progress line). Raises RuntimeError with the log's last
         `tail_lines` lines if the server exits first or is not healthy within `timeout`.
         The server is left running either way: `stop()` it (`start()` does)."""
         t0 = time.time()
@@ -203,7 +203,7 @@ class Server:
                                    f"see {self.log_path}:\n{tail(self.log_path, tail_lines)}")
             if on_wait:
                 on_wait(time.time() - t0)
-            time.sleep(1)
+            time.sleep(poll)
 
     def stop(self, grace: float = 60) -> None:
         """SIGTERM to the leader, SIGKILL to what is left of the group once the leader
