@@ -57,14 +57,17 @@ def attend(query: torch.Tensor, output: torch.Tensor, k_cache: torch.Tensor, v_c
     heads, dim = int(query.shape[1]), int(query.shape[2])
     longest, ragged = int(kv_lens.max()), bool(kv_lens.min() < kv_lens.max())   # host tensors on CPU
     cols = torch.arange(longest, device=query.device)
-    slots = req_to_token[req_pool_indices.to(torch.int64)[:, None], cols[None, :]].to(torch.int64)  # [bs, L]
+    # row gathers (`index_select`), not advanced indexing: the same values, 2.8-4.8x faster
+    # for 64-1000 rows in a micro-benchmark (one thread, 2-core AMD EPYC, 2026-12-06)
+    slots = req_to_token.index_select(0, req_pool_indices.to(torch.int64))[:, :longest].to(torch.int64)  # [bs, L]
     lens = kv_lens.to(torch.int64)[:, None, None]                        # [bs, 1, 1]
     key_pos = cols[None, None, :]                                        # [1, 1, L]
     if ragged:
         # a shorter request's row past its length holds whatever slot was there before: read slot 0, masked
         slots = torch.where(key_pos[:, 0] < lens[:, 0], slots, 0)
-    keys = k_cache[slots].permute(0, 2, 1, 3)      # [bs, kv_heads, L, dim]
-    values = v_cache[slots].permute(0, 2, 1, 3)
+    flat = slots.reshape(-1)
+    keys = k_cache.index_select(0, flat).view(bs, longest, *k_cache.shape[1:]).permute(0, 2, 1, 3)  # [bs, kv_heads, L, dim]
+    values = v_cache.index_select(0, flat).view(bs, longest, *v_cache.shape[1:]).permute(0, 2, 1, 3)
     q = query.view(bs, q_len, heads, dim).permute(0, 2, 1, 3)
     if keys.dtype != q.dtype:  # as upstream: the cache may be stored in another dtype
         keys, values = keys.to(q.dtype), values.to(q.dtype)
