@@ -12,16 +12,22 @@ import subprocess
 SIMD_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
 
 
+def _cpuinfo() -> dict[str, str]:
+    """The fields of /proc/cpuinfo's first processor block (the others repeat them)."""
+    fields: dict[str, str] = {}
+    with open("/proc/cpuinfo", encoding="utf-8") as fh:
+        for line in fh:
+            if not line.strip():
+                break
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
 def machine() -> dict:
     info = {"platform": platform.platform(), "processor": platform.machine(), "cpu_count": os.cpu_count()}
     try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            fields: dict[str, str] = {}
-            for line in fh:
-                if not line.strip():
-                    break   # the first processor's block is enough
-                key, _, value = line.partition(":")
-                fields.setdefault(key.strip(), value.strip())
+        fields = _cpuinfo()
         info["cpu"] = fields.get("model name")
         info["cpu_family"] = fields.get("cpu family")
         flags = set(fields.get("flags", "").split())
@@ -54,15 +60,11 @@ def cpu_label(info: dict) -> str:
 def cpu_description() -> dict:
     """The CPU by name, family and model, and the matrix instructions that matter for torch
     (the profile's runs record it beside `machine()`)."""
-    info: dict = {}
-    with open("/proc/cpuinfo", encoding="utf-8") as fh:
-        for line in fh:
-            key, _, value = (s.strip() for s in line.partition(":"))
-            if key in ("model name", "cpu family", "model", "vendor_id") and key not in info:
-                info[key] = value
-            if key == "flags" and "flags" not in info:
-                flags = set(value.split())
-                info["flags"] = {f: f in flags for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")}
+    fields = _cpuinfo()
+    info: dict = {key: fields[key] for key in ("model name", "cpu family", "model", "vendor_id") if key in fields}
+    if "flags" in fields:
+        flags = set(fields["flags"].split())
+        info["flags"] = {f: f in flags for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")}
     info["cores"] = os.cpu_count()
     return info
 

@@ -79,7 +79,7 @@ QUESTIONS = {
     "hybrid_state_projection.md": "Hybrid targets' state and bytes per step at TP 2, projected (nothing run)",
     "omp-threads-fp32": "Does `OMP_NUM_THREADS=1` per server help on 2 cores?",
     "peers": "Our SGLang CPU servers vs vLLM-CPU, AMD EPYC, eager?",
-    "peers-epyc-torch-compile": "With `--enable-torch-compile`: our servers vs vLLM-CPU, AMD EPYC (Zen 5)?",
+    "peers-epyc-torch-compile": "With `--enable-torch-compile`: our servers vs vLLM-CPU, AMD EPYC (Zen 4)?",
     "peers-intel-amx": "Our servers vs vLLM-CPU on a Xeon with AMX, eager?",
     "peers-intel-amx-2026-12-05": "Compiled servers (context write compiled too) vs vLLM-CPU, Xeon with AMX?",
     "peers-intel-amx-compiled": "Layers and rollout compiled: our servers vs vLLM-CPU, Xeon with AMX?",
