@@ -12,9 +12,9 @@ installed SGLang, one case per row.
 The kinds are installed in two ways:
   * `install_moment(moment, context)` installs, at `register()`, at scheduler start and
     before and after 0.5.23's worker constructor, every group of that moment whose
-    predicate (a field of the group) holds of the moment's context; `install(group)` installs the group's rows of the kinds `HookRegistry` applies
-    (AROUND, AFTER, BEFORE, REPLACE), the resolution hooks, and runs its CALL rows, once
-    per process;
+    predicate (a field of the group) holds of the moment's context; `install(group)`
+    installs the group's rows of the kinds `HookRegistry` applies (AROUND, AFTER, BEFORE,
+    REPLACE), the resolution hooks, and runs its CALL rows, once per process;
   * the other kinds (a module global swapped for a scope, an instance's method or
     attribute, per-step state, the import finder) are done by the code the row names at
     the moment it states; they are listed in `PATCHES` so that the whole seam reads in one
