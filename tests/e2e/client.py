@@ -190,18 +190,21 @@ def transformers_spec(models, kind, input_ids, width=16):
     return out[0, len(input_ids):].tolist(), stats
 
 
-def check_compiled_before_serving(log: str, rollout_blocks: str = "16, 8, 4, 2") -> None:
-    """A `--enable-torch-compile` server's log: the target's, the draft's and the Domino
-    rollout's graphs (at `rollout_blocks`) compiled while it started, none while it served
-    (dynamo logs any recompile once the forwards are warm; the compiled forward logs a
-    graph compiled after its warm-up). With TP every rank logs its own."""
+def check_compiled_before_serving(log: str, rollout_blocks: str | None = "16, 8, 4, 2", draft: bool = True) -> None:
+    """A `--enable-torch-compile` server's log: the target's, the draft's (with `draft`) and
+    the Domino rollout's graphs (at `rollout_blocks`; None: no Domino draft) compiled while
+    it started, none while it served (dynamo logs any recompile once the forwards are warm;
+    the compiled forward logs a graph compiled after its warm-up). With TP every rank logs
+    its own."""
     import re
 
-    from sglang_domino.sglang.cpu.compiled.forward import NEW_GRAPH
+    from sglang_domino.sglang.cpu.compiled.layers import NEW_GRAPH
 
     warm = []
-    for compiled in (r"the target's \d+ layers compiled in", r"the draft's \d+ layers compiled in",
-                     rf"the compiled Domino rollout at blocks \[{rollout_blocks}\]"):
+    expected = [r"the target's \d+ layers compiled in"]
+    expected += [r"the draft's \d+ layers compiled in"] if draft else []
+    expected += [rf"the compiled Domino rollout at blocks \[{rollout_blocks}\]"] if rollout_blocks else []
+    for compiled in expected:
         found = list(re.finditer(compiled, log))
         assert found, (compiled, log[-3000:])
         warm.append(found[-1].end())

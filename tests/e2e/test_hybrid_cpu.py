@@ -20,6 +20,7 @@ import time
 import pytest
 import torch
 
+from tests.e2e.client import check_compiled_before_serving
 from tests.helpers import tiny
 from tests.helpers.servers import BASE_ARGS, BLOCK, server_env
 
@@ -136,21 +137,35 @@ def test_constant_draft_exercises_several_acceptance_lengths(hybrid):
     assert 0 in lengths and max(lengths) >= 3 and len(lengths) >= 3, lengths
 
 
-def test_plain_server_matches_transformers(start, hybrid):
-    server = _server(start, hybrid, "plain")
+# the compiled CPU step (`--enable-torch-compile`, `cpu/compiled/hybrid.py`): the target's gated
+# delta-net and gated attention layers under one graph, the states read and written by upstream's
+# linear-attention core behind an opaque op
+COMPILED = ("--enable-torch-compile",)
+
+
+def _check_compiled(server, extra, draft: bool, rollout: bool = False) -> None:
+    if COMPILED[0] in extra:
+        check_compiled_before_serving(server.log(), rollout_blocks="16" if rollout else None, draft=draft)
+
+
+@pytest.mark.parametrize("extra", [(), COMPILED], ids=["eager", "compiled"])
+def test_plain_server_matches_transformers(start, hybrid, extra):
+    server = _server(start, hybrid, "-".join(["plain", *extra]).replace("--", ""), *extra)
     try:
         for ids, want in zip(hybrid["prompts"], hybrid["oracle"]):
             assert _generate(server, ids)["output_ids"] == want[:MAX_TOKENS], ids
         for body, want in zip(_generate_all_at_once(server, hybrid["prompts"]), hybrid["oracle"]):
             assert body["output_ids"] == want[:MAX_TOKENS]
         assert _used_tokens(server) == 0
+        _check_compiled(server, extra, draft=False)
     finally:
         server.stop()
 
 
-@pytest.mark.parametrize("kind", ["dflash", "domino"])
-def test_speculative_server_matches_transformers(start, hybrid, kind):
-    server = _spec(start, hybrid, kind)
+@pytest.mark.parametrize("kind,extra", [("dflash", ()), ("domino", ()), ("domino", COMPILED)],
+                         ids=["dflash", "domino", "domino-compiled"])
+def test_speculative_server_matches_transformers(start, hybrid, kind, extra):
+    server = _spec(start, hybrid, kind, *extra)
     try:
         steps = 0
         for ids, want in zip(hybrid["prompts"], hybrid["oracle"]):
@@ -162,6 +177,7 @@ def test_speculative_server_matches_transformers(start, hybrid, kind):
         for body, want in zip(_generate_all_at_once(server, hybrid["prompts"]), hybrid["oracle"]):
             assert body["output_ids"] == want[:MAX_TOKENS], kind
         assert _used_tokens(server) == 0
+        _check_compiled(server, extra, draft=True, rollout=kind == "domino")
     finally:
         server.stop()
 
@@ -178,20 +194,25 @@ def _check_known_acceptance(server, hybrid, one_at_a_time: bool, window: int = B
     assert _used_tokens(server) == 0
 
 
-def test_known_acceptance_lengths_commit_the_accepted_prefix_state(start, hybrid):
-    server = _spec(start, hybrid, "constant")
+@pytest.mark.parametrize("extra", [(), COMPILED], ids=["eager", "compiled"])
+def test_known_acceptance_lengths_commit_the_accepted_prefix_state(start, hybrid, extra):
+    server = _spec(start, hybrid, "constant", *extra)
     try:
         _check_known_acceptance(server, hybrid, one_at_a_time=True)
+        _check_compiled(server, extra, draft=True)
     finally:
         server.stop()
 
 
-def test_tensor_parallel_hybrid_target_commits_the_accepted_prefix_state(start, hybrid):
+@pytest.mark.parametrize("extra", [(), COMPILED], ids=["eager", "compiled"])
+def test_tensor_parallel_hybrid_target_commits_the_accepted_prefix_state(start, hybrid, extra):
     """`--tp-size 2`: the gated delta-net heads, the conv channels and their per-position
-    verify buffers split over two ranks, each rank committing its shard of the state."""
-    server = _spec(start, hybrid, "constant", "--tp-size", "2")
+    verify buffers split over two ranks, each rank committing its shard of the state
+    (compiled: each rank's graph, the row-parallel projections reduced by the opaque op)."""
+    server = _spec(start, hybrid, "constant", "--tp-size", "2", *extra)
     try:
         _check_known_acceptance(server, hybrid, one_at_a_time=False)
+        _check_compiled(server, extra, draft=True)
     finally:
         server.stop()
 

@@ -356,24 +356,37 @@ def test_resolution_refuses_extra_buffer_on_cpu_and_names_what_serves(sglang_tmp
 
 def test_enable_torch_compile_on_cpu_refuses_what_it_cannot_compile_and_the_removed_switches(sglang_tmp, models):
     """`--enable-torch-compile --device cpu` resolves for a Qwen3 target, plain or with a
-    Domino draft; a gated delta-net target is refused naming why and what serves; the
+    Domino draft, and for a dense text-only Qwen3.5 (gated delta-net) target; another
+    architecture (here the MoE Qwen3.5) is refused naming why and what serves; the
     environment switches it replaced are refused naming it."""
+    import json
+    import shutil
+
     from tests.helpers import tiny
 
     target = os.path.join(sglang_tmp, "plugin-hybrid-target")
     if not os.path.exists(target):
         tiny.build_hybrid_target(target)
+    moe = os.path.join(sglang_tmp, "plugin-hybrid-moe-target")
+    if not os.path.exists(moe):
+        shutil.copytree(target, moe)
+        with open(os.path.join(moe, "config.json")) as fh:
+            config = json.load(fh)
+        config["architectures"] = ["Qwen3_5MoeForCausalLM"]
+        with open(os.path.join(moe, "config.json"), "w") as fh:
+            json.dump(config, fh)
     flag = ["--device", "cpu", "--enable-torch-compile"]
     spec = ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", models["domino"],
             "--speculative-dflash-block-size", "16"]
-    plain, domino, hybrid = run_probe("resolve", sglang_tmp, argv=("sglang", "serve", "--device", "cpu"), params={
+    hybrid_args = [*flag, "--mamba-scheduler-strategy", "no_buffer", "--disable-overlap-schedule"]
+    plain, domino, hybrid, other = run_probe("resolve", sglang_tmp, argv=("sglang", "serve", "--device", "cpu"), params={
         "cases": [["--model-path", models["target"], *flag], ["--model-path", models["target"], *flag, *spec],
-                  ["--model-path", target, *flag, "--mamba-scheduler-strategy", "no_buffer",
-                   "--disable-overlap-schedule"]]})
-    assert plain["ok"] and domino["ok"], (plain, domino)
-    assert not hybrid["ok"]
-    assert "--enable-torch-compile with --device cpu compiles Qwen3ForCausalLM targets" in hybrid["error"]
-    assert "Qwen3_5ForCausalLM" in hybrid["error"] and "serve it without --enable-torch-compile" in hybrid["error"]
+                  ["--model-path", target, *hybrid_args], ["--model-path", moe, *hybrid_args]]})
+    assert plain["ok"] and domino["ok"] and hybrid["ok"], (plain, domino, hybrid)
+    assert not other["ok"]
+    assert "--enable-torch-compile with --device cpu compiles Qwen3ForCausalLM, Qwen3_5ForCausalLM targets" \
+           in other["error"]
+    assert "Qwen3_5MoeForCausalLM" in other["error"] and "serve it without --enable-torch-compile" in other["error"]
     removed, = run_probe("resolve", sglang_tmp, argv=("sglang", "serve", "--device", "cpu"),
                          params={"cases": [["--model-path", models["target"], *flag]]},
                          SGLANG_DOMINO_CPU_FORWARD="compiled")

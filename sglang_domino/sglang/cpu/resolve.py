@@ -40,12 +40,12 @@ def overlap_off_for_dflash_on_cpu(server_args) -> None:
 
 # the target architectures the compiled CPU step compiles (`compiled_forward.refusal` checks
 # the loaded model again)
-COMPILED_TARGETS = frozenset({"Qwen3ForCausalLM"})
+COMPILED_TARGETS = frozenset({"Qwen3ForCausalLM", "Qwen3_5ForCausalLM"})
 
 
 def refuse_an_uncompiled_target(cfg, architectures) -> None:
     """`--enable-torch-compile` with `--device cpu` for a target whose layers the compiled
-    CPU step does not compile (the gated delta-net targets among them): refused at
+    CPU step does not compile (the MoE and multimodal Qwen3.5 among them): refused at
     start-up with the reason, rather than served eagerly in silence or failing in a
     scheduler after the weights load. Unknown architectures are left to the load-time check.
     Called only for a server that asks for the compiled step."""
@@ -55,5 +55,4 @@ def refuse_an_uncompiled_target(cfg, architectures) -> None:
         return
     raise ValueError(
         f"{FLAG} with --device cpu compiles {', '.join(sorted(COMPILED_TARGETS))} targets; {cfg.model_path} is "
-        f"{', '.join(sorted(architectures))}, whose layers (gated delta-net, gated attention) are not compiled on "
-        f"CPU yet: serve it without {FLAG}")
+        f"{', '.join(sorted(architectures))}, whose layers are not compiled on CPU: serve it without {FLAG}")

@@ -102,11 +102,11 @@ def test_compiled_layers_match_the_eager_layers_and_compile_nothing_after_the_wa
     warm-up was given (the target grad-free, the draft in inference mode), runs the two
     graphs the warm-up compiled, with the step's batch handed to every layer's attention,
     and gives the eager layers' hidden states and residual streams."""
-    from sglang_domino.sglang.cpu.compiled import forward as cf
+    from sglang_domino.sglang.cpu.compiled import layers as cl
 
     seen = []
     layers, final_norm = _layers(3, seen)
-    compiled = cf.CompiledLayers(layers, final_norm)
+    compiled = cl.CompiledLayers(layers, final_norm)
     real, calls = compiled._compiled, []
     compiled._compiled = lambda h, p: calls.append((int(h.shape[0]), torch.is_inference_mode_enabled())) or real(h, p)
     compiled.warm(torch.float32, HIDDEN, inference=inference)
@@ -115,7 +115,7 @@ def test_compiled_layers_match_the_eager_layers_and_compile_nothing_after_the_wa
     assert compiled.warmed and seen == []    # the warm-up never reaches an attention module
     graphs = compiled.graphs()
     batch = object()
-    with caplog.at_level(logging.WARNING, logger=cf.__name__):
+    with caplog.at_level(logging.WARNING, logger=cl.__name__):
         for rows in (1, 2, 5, 16, HIDDEN, HEAD_DIM, 48, 7):
             seen.clear()
             # the draft may be given hidden states made outside its mode: mixed inputs
@@ -131,12 +131,12 @@ def test_compiled_layers_match_the_eager_layers_and_compile_nothing_after_the_wa
             for s, w in zip(streams, want_streams):
                 torch.testing.assert_close(s, w, rtol=1e-4, atol=1e-5)
     assert compiled.graphs() == graphs
-    assert cf.NEW_GRAPH not in caplog.text
+    assert cl.NEW_GRAPH not in caplog.text
     # positions of a dtype the warm-up did not compile are a new graph, and say so
     hidden, positions = _inputs(4, seed=1)
-    with caplog.at_level(logging.WARNING, logger=cf.__name__), torch.inference_mode(inference):
+    with caplog.at_level(logging.WARNING, logger=cl.__name__), torch.inference_mode(inference):
         compiled(hidden, positions.to(torch.int32), batch)
-    assert cf.NEW_GRAPH in caplog.text
+    assert cl.NEW_GRAPH in caplog.text
 
 
 def test_the_attention_and_all_reduce_ops_outside_a_step_return_zeros_and_their_input():
@@ -281,14 +281,14 @@ def test_tensor_parallel_ranks_run_their_shards_compiled_and_reduce_to_the_whole
 def tensor_parallel_ranks():
     import threading
 
-    from sglang_domino.sglang.cpu.compiled import forward as cf
+    from sglang_domino.sglang.cpu.compiled import layers as cl
     from tests.sglang.tp_fakes import Exchange, FakeGroup
 
     world, seen = 2, []
     layers, final_norm = _layers(2, seen, seed=3)
     exchange = Exchange(world)
     groups = [FakeGroup(exchange, r) for r in range(world)]
-    ranks = [cf.CompiledLayers(_shard(layers, r, world, groups[r]), final_norm) for r in range(world)]
+    ranks = [cl.CompiledLayers(_shard(layers, r, world, groups[r]), final_norm) for r in range(world)]
     for compiled in ranks:
         compiled.warm(torch.float32, HIDDEN, inference=False)   # one rank after the other: no collective at load
     assert not any(g.calls for g in groups)
@@ -323,6 +323,7 @@ def test_the_shape_warm_up_covers_every_batch_at_every_width_and_compiles_nothin
     warms none."""
     from sglang_domino.sglang import settings
     from sglang_domino.sglang.cpu.compiled import forward as cf
+    from sglang_domino.sglang.cpu.compiled import layers as cl
     from sglang_domino.sglang.adaptive import AdaptiveWidthConfig
 
     plain = SimpleNamespace(max_running_requests=3, speculative_algorithm=None)
@@ -344,7 +345,7 @@ def test_the_shape_warm_up_covers_every_batch_at_every_width_and_compiles_nothin
                 value.to(torch.bfloat16)
             elif isinstance(getattr(value, "weight", None), torch.Tensor):
                 value.weight = value.weight.to(torch.bfloat16)
-    compiled = cf.CompiledLayers(layers, final_norm)
+    compiled = cl.CompiledLayers(layers, final_norm)
     compiled.warm(torch.bfloat16, HIDDEN, inference=True)
     graphs = compiled.graphs()
     calls = []

@@ -6,14 +6,15 @@ residual-stream code: at the test bed's size a step is mostly Python and dispatc
 graph 76 times and recompiles 57 (0.5.23's residual stream, `is_host_cpu_x86`). Its own
 `CPUGraphRunner` compiles only the decode step and refuses speculative servers.
 
-Here the CPU port owns a compile-friendly forward for a plain Qwen3 target and a plain
-DFlash (or Domino) draft: the embedding and what follows the final norm stay upstream's
-(eager), and the layers between them run as one `torch.compile` graph, dynamic in the
-number of tokens, built from upstream's own pieces of math (`RMSNorm.forward_native`,
+Here the CPU port owns a compile-friendly forward for a plain Qwen3 target, a dense
+text-only Qwen3.5 target (gated delta-net and gated attention layers, `hybrid.py`) and a
+plain DFlash (or Domino) draft: the embedding and what follows the final norm stay
+upstream's (eager), and the layers between them run as one `torch.compile` graph
+(`layers.py`), dynamic in the number of tokens, built from upstream's own pieces of math (`RMSNorm.forward_native`,
 `RotaryEmbedding.forward_native`, `SiluAndMul.forward_native`, the linear layers'
 weights). Attention stays upstream's backend call (0.5.23's `torch_native`, batched by
 `attention.py`) behind one opaque custom op, `sglang_domino::cpu_attention`, which reads
-the step's `ForwardBatch` from this module (set for the duration of one forward): the
+the step's `ForwardBatch` from `graph_ops.py` (set for the duration of one forward): the
 graph does not break at it, and the KV cache is written where upstream writes it.
 
 One forward serves every batch a server runs (decode, prefill, the verify at every width,
@@ -38,14 +39,12 @@ import time
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 
-from . import graph_ops, switches
-from .switches import FLAG, allow_graphs, guarded_inputs
+from . import hybrid, switches
+from .layers import CompiledLayers
+from .switches import FLAG
 
 logger = logging.getLogger(__name__)
-
-NEW_GRAPH = "a new graph"   # logged when a graph is compiled after the warm-up
 
 
 def around_capture_decode_graph(original, *args, model_runner=None, **kwargs):
@@ -114,91 +113,15 @@ def refusal(model, draft: bool) -> Optional[str]:
             return "a quantized context projection (fc)"
         return _layer_refusal(model.layers)
     from sglang.srt.models.qwen3 import Qwen3ForCausalLM
-
+    if hybrid.is_hybrid_target(model):
+        return hybrid.refusal(model)
     if type(model) is not Qwen3ForCausalLM:
-        return f"the target is {type(model).__name__}; only Qwen3ForCausalLM is compiled"
+        return (f"the target is {type(model).__name__}; only Qwen3ForCausalLM and the dense text-only "
+                "Qwen3_5ForCausalLM are compiled")
     if model.pp_group.world_size != 1:
         return "pipeline parallelism (--pp-size > 1)"
     inner = model.model
     return _layer_refusal(inner.layers[inner.start_layer:inner.end_layer])
-
-
-# -- the compiled layers ---------------------------------------------------------------------
-
-class CompiledLayers:
-    """Pre-norm Qwen3-style layers (upstream's Qwen3 target and DFlash draft share their
-    parts' names) under one `torch.compile` graph, dynamic in the number of tokens:
-    `(hidden, positions) -> (hidden after the final norm, the residual stream entering
-    each layer)` (all of them: which ones DFLASH captures is set after loading, and
-    returning them costs nothing, so one graph serves either way)."""
-
-    def __init__(self, layers, final_norm):
-        self.layers = list(layers)
-        self.attention = [layer.self_attn.attn for layer in self.layers]
-        # (o_proj's, down_proj's) reduce group per layer (`reduce_group`)
-        self.reduce = [(graph_ops.reduce_group(layer.self_attn.o_proj), graph_ops.reduce_group(layer.mlp.down_proj))
-                       for layer in self.layers]
-        self.final_norm = final_norm
-        allow_graphs()   # four graphs per model, the target's and the draft's on the same code
-        self._compiled = torch.compile(self._forward, dynamic=True)
-        self.warmed = False
-
-    def _forward(self, hidden: torch.Tensor, positions: torch.Tensor):
-        residual = None
-        streams = []
-        for i, layer in enumerate(self.layers):
-            attn, mlp = layer.self_attn, layer.mlp
-            if residual is None:
-                residual = hidden
-                hidden = layer.input_layernorm.forward_native(hidden)
-            else:
-                hidden, residual = layer.input_layernorm.forward_native(hidden, residual)
-            streams.append(residual)
-            qkv = F.linear(hidden, attn.qkv_proj.weight, attn.qkv_proj.bias)
-            q, k, v = qkv.split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
-            q = attn.q_norm.forward_native(q.reshape(-1, attn.head_dim)).view(q.shape)
-            k = attn.k_norm.forward_native(k.reshape(-1, attn.head_dim)).view(k.shape)
-            q, k = attn.rotary_emb.forward_native(positions, q, k)
-            out = torch.ops.sglang_domino.cpu_attention(q, k, v.contiguous(), i)
-            hidden = graph_ops.row_parallel(attn.o_proj, self.reduce[i][0], out)
-            hidden, residual = layer.post_attention_layernorm.forward_native(hidden, residual)
-            gate_up = F.linear(hidden, mlp.gate_up_proj.weight, mlp.gate_up_proj.bias)
-            hidden = graph_ops.row_parallel(mlp.down_proj, self.reduce[i][1], mlp.act_fn.forward_native(gate_up))
-        hidden, _ = self.final_norm.forward_native(hidden, residual)
-        return hidden, streams
-
-    @staticmethod
-    def graphs() -> int:
-        """Graphs compiled so far for `_forward` (every instance's: they share its code)."""
-        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-
-        return len(_debug_get_cache_entry_list(CompiledLayers._forward.__code__))
-
-    def __call__(self, hidden, positions, forward_batch):
-        graphs = self.graphs()
-        # dynamo's guards tell inference tensors from others, and the caller's mode is the
-        # one the outputs must be usable in: inputs of the other kind are copied into this one
-        hidden, positions = guarded_inputs((hidden, positions))
-        with torch.no_grad(), graph_ops.step(forward_batch, self.attention):
-            out = self._compiled(hidden, positions)
-        if self.warmed and self.graphs() != graphs:
-            # the warm-up should have compiled every graph serving needs (tests/e2e read this line)
-            logger.warning("%s: %s compiled while serving (%d rows, %s, grad %s, inference %s)", FLAG, NEW_GRAPH,
-                           int(hidden.shape[0]), hidden.dtype, torch.is_grad_enabled(),
-                           torch.is_inference_mode_enabled())   # the caller's modes, restored by now
-        return out
-
-    def warm(self, dtype: torch.dtype, hidden_size: int, inference: bool) -> float:
-        """Compile the graphs serving needs with the attention returning zeros: one row and
-        many rows, in the mode the model is called in (the target grad-free, the draft in
-        inference mode: dynamo's guards tell the two apart, and a graph of the other mode
-        would cost a start-up a few seconds for nothing); seconds taken."""
-        t0 = time.perf_counter()
-        with torch.inference_mode(inference):
-            for rows in (1, 2):
-                self(torch.zeros(rows, hidden_size, dtype=dtype), torch.zeros(rows, dtype=torch.int64), None)
-        self.warmed = True
-        return time.perf_counter() - t0
 
 
 class _CompiledModel:
@@ -206,13 +129,13 @@ class _CompiledModel:
     subclass says so (`eager_only`) or for an empty batch; otherwise the embedding, the
     compiled layers and the subclass's `finish`."""
 
-    def __init__(self, model, embed_tokens, layers, final_norm):
+    def __init__(self, model, embed_tokens, layers, final_norm, layers_class=CompiledLayers):
         self.model = model
         self.embed_tokens = embed_tokens
-        self.layers = CompiledLayers(layers, final_norm)
+        self.layers = layers_class(layers, final_norm)
         self.eager_forward = model.forward
 
-    def eager_only(self, input_embeds, get_embedding, pp_proxy_tensors) -> bool:
+    def eager_only(self, input_embeds, get_embedding, pp_proxy_tensors, forward_batch=None) -> bool:
         raise NotImplementedError
 
     def finish(self, input_ids, hidden, streams, forward_batch):
@@ -233,22 +156,28 @@ class _CompiledModel:
                 for rows in (1, 2):
                     self.embed_tokens(torch.zeros(rows, dtype=torch.int64, device=device))
 
-    def __call__(self, input_ids, positions, forward_batch, input_embeds=None, get_embedding=False,
-                 pp_proxy_tensors=None):
-        if int(positions.shape[0]) == 0 or self.eager_only(input_embeds, get_embedding, pp_proxy_tensors):
-            return self.eager_forward(input_ids, positions, forward_batch, input_embeds=input_embeds,
-                                      get_embedding=get_embedding, pp_proxy_tensors=pp_proxy_tensors)
+    def __call__(self, input_ids, positions, forward_batch, **kwargs):
+        input_embeds = kwargs.get("input_embeds")
+        if int(positions.shape[0]) == 0 or self.eager_only(input_embeds, kwargs.get("get_embedding", False),
+                                                           kwargs.get("pp_proxy_tensors"), forward_batch):
+            return self.eager_forward(input_ids, positions, forward_batch, **kwargs)
         hidden = self.embed_tokens(input_ids) if input_embeds is None else input_embeds
         hidden, streams = self.layers(hidden, positions, forward_batch)
         return self.finish(input_ids, hidden, streams, forward_batch)
 
 
 class CompiledTarget(_CompiledModel):
-    """`Qwen3ForCausalLM.forward` with its layers compiled."""
+    """`Qwen3ForCausalLM.forward` with its layers compiled, or the text-only
+    `Qwen3_5ForCausalLM.forward` (`srt/models/qwen3_5_text.py`) with `hybrid.HybridLayers`.
+    That one's rotary embedding is an `MRotaryEmbedding` where the checkpoint keeps
+    `mrope_section`; upstream then rotates by `mrope_positions`, whose three rows are the
+    token positions for text (its own comment: equivalent to 1-D RoPE): here the 1-D
+    positions."""
 
-    def __init__(self, model):
+    def __init__(self, model, layers_class=CompiledLayers):
         inner = model.model
-        super().__init__(model, inner.embed_tokens, inner.layers[inner.start_layer:inner.end_layer], inner.norm)
+        super().__init__(model, inner.embed_tokens, inner.layers[inner.start_layer:inner.end_layer], inner.norm,
+                         layers_class)
 
     def aux(self, streams):
         """The residual streams of the layers DFLASH captures (set after loading), in
@@ -260,7 +189,7 @@ class CompiledTarget(_CompiledModel):
         start = self.model.model.start_layer
         return AuxHiddenStateList(streams[i - start] for i in self.model.model.layers_to_capture)
 
-    def eager_only(self, input_embeds, get_embedding, pp_proxy_tensors) -> bool:
+    def eager_only(self, input_embeds, get_embedding, pp_proxy_tensors, forward_batch=None) -> bool:
         return bool(get_embedding) or pp_proxy_tensors is not None
 
     def finish(self, input_ids, hidden, streams, forward_batch):
@@ -277,7 +206,7 @@ class CompiledDraft(_CompiledModel):
         super().__init__(model, model.embed_tokens, model.layers, model.norm)
         self.context = CompiledContext(model)
 
-    def eager_only(self, input_embeds, get_embedding, pp_proxy_tensors) -> bool:
+    def eager_only(self, input_embeds, get_embedding, pp_proxy_tensors, forward_batch=None) -> bool:
         return input_embeds is None and self.embed_tokens is None   # no embedding of its own: upstream's
 
     def finish(self, input_ids, hidden, streams, forward_batch):
@@ -341,7 +270,10 @@ def after_load_model(result, runner, *args, **kwargs):
         raise ValueError(f"{FLAG} with --device cpu cannot compile this {kind}: {reason}; "
                          f"serve it without {FLAG}")
     switches.set_compiled_step()
-    compiled = CompiledDraft(model) if draft else CompiledTarget(model)
+    if draft:
+        compiled = CompiledDraft(model)
+    else:
+        compiled = CompiledTarget(model, hybrid.HybridLayers if hybrid.is_hybrid_target(model) else CompiledLayers)
     model.forward = compiled
     dtype = next(model.parameters()).dtype
     # the draft is called in inference mode, the target without
@@ -358,5 +290,5 @@ def after_load_model(result, runner, *args, **kwargs):
     return result
 
 
-__all__ = ["CompiledDraft", "CompiledLayers", "CompiledTarget", "WARM_BATCH_CAP", "after_load_model",
+__all__ = ["CompiledDraft", "CompiledTarget", "WARM_BATCH_CAP", "after_load_model",
            "around_capture_decode_graph", "refusal", "serving_rows", "warm_shapes"]

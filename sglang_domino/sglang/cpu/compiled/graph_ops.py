@@ -44,6 +44,26 @@ def _(q, k, v, layer):
     return torch.empty_like(q)
 
 
+@torch.library.custom_op("sglang_domino::cpu_linear_attention", mutates_args=())
+def cpu_linear_attention(mixed_qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, layer: int,
+                         value_dim: int) -> torch.Tensor:
+    """Upstream's gated delta-net core of layer `layer` (`RadixLinearAttention.forward`:
+    the causal conv and the recurrence over the layer's conv and SSM states in the mamba
+    pool, the verify's per-position states) for the step in progress, as
+    `[tokens, value_dim]`. Its inputs are copied first: the backend may write into them.
+    Without a step (compiling at load time) it returns zeros."""
+    rows = mixed_qkv.shape[0]
+    if _Step.batch is None:
+        return mixed_qkv.new_zeros(rows, value_dim)
+    out = _Step.layers[layer](_Step.batch, mixed_qkv=mixed_qkv.clone(), a=a.clone(), b=b.clone())
+    return out.reshape(rows, value_dim)
+
+
+@cpu_linear_attention.register_fake
+def _(mixed_qkv, a, b, layer, value_dim):
+    return mixed_qkv.new_empty(mixed_qkv.shape[0], value_dim)
+
+
 # -- tensor parallelism: the row-parallel projections' all-reduce, one opaque op ------------
 
 class _Registry:
@@ -122,5 +142,5 @@ def _(ids, weight, module):
     return weight.new_empty((*ids.shape, weight.shape[1]))
 
 
-__all__ = ["cpu_all_reduce", "cpu_attention", "cpu_embedding", "embedding_index", "reduce_group", "row_parallel",
-           "step"]
+__all__ = ["cpu_all_reduce", "cpu_attention", "cpu_embedding", "cpu_linear_attention", "embedding_index", "reduce_group",
+           "row_parallel", "step"]
