@@ -241,4 +241,29 @@ DEPENDS: tuple[Dependency, ...] = (
                "the draft's or the target's, on which device", attributes=("is_draft_worker", "device", "model")),
     Dependency(f"{_S}.layers.quantization.unquant.UnquantizedLinearMethod", "only unquantized linear layers compile "
                "(their weight used as is)"),
+    # -- a hybrid target's layers compiled (`cpu/compiled/hybrid.py`) ----------------------------
+    Dependency(f"{_S}.models.qwen3_5_text.Qwen3_5ForCausalLM", "the dense text-only Qwen3.5 compiled; its body, "
+               "lm_head and logits processor read as its eager forward uses them",
+               attributes=("model", "lm_head", "logits_processor", "capture_aux_hidden_states", "pp_group", "pooler")),
+    Dependency(f"{_S}.models.qwen3_5_text.Qwen3_5ForCausalLM.forward", "the eager forward the compiled target "
+               "reproduces (1-D positions: a text checkpoint's mrope rows are equal)"),
+    Dependency(f"{_S}.models.qwen3_5.Qwen3_5ForCausalLM.forward", "the body's eager forward: the residual stream "
+               "captured entering each of `layers_to_capture`, the final norm added to the residual"),
+    Dependency(f"{_S}.models.qwen3_5.Qwen3_5GatedDeltaNet", "the delta-net mixer the graph reproduces (projections, "
+               "split, core, gated norm, out_proj)",
+               attributes=("in_proj_qkvz", "in_proj_ba", "num_k_heads", "num_v_heads", "attn_tp_size", "head_k_dim",
+                           "head_v_dim", "attn", "norm", "out_proj")),
+    Dependency(f"{_S}.models.qwen3_5.Qwen3_5GatedDeltaNet.forward", "its eager forward, reproduced in the graph"),
+    Dependency(f"{_S}.models.qwen3_5.Qwen3_5AttentionDecoderLayer", "the gated attention layer the graph reproduces",
+               attributes=("qkv_proj", "o_proj", "q_norm", "k_norm", "rotary_emb", "attn", "attn_output_gate",
+                           "q_size", "kv_size", "head_dim", "num_heads")),
+    Dependency(f"{_S}.models.qwen3_5.Qwen3_5AttentionDecoderLayer.forward_prepare_fused_gate", "the CPU path of its "
+               "q/k/gate preparation, reproduced with the same stand-in math"),
+    Dependency(f"{_S}.layers.radix_linear_attention.RadixLinearAttention.forward", "each delta-net layer's core, "
+               "called from the graph's opaque op with the step's batch (conv and recurrence over the pool's states)",
+               params=("forward_batch", "mixed_qkv", "a", "b")),
+    Dependency(f"{_S}.layers.layernorm.GemmaRMSNorm.forward_native", "the hybrid target's norms in the graph",
+               params=("x", "residual")),
+    Dependency(f"{_S}.layers.rotary_embedding.mrope.MRotaryEmbedding.forward_native", "a text checkpoint's mrope "
+               "rotary at 1-D positions in the graph", params=("positions", "query", "key")),
 )
