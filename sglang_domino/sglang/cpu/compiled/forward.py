@@ -220,23 +220,25 @@ class CompiledDraft(_CompiledModel):
 WARM_BATCH_CAP = 64
 
 
-def serving_rows(server_args, draft: bool) -> list[int]:
-    """The row counts the model's forward serves in decode steps: the target's verify (or
-    plain decode) at every width, a draft's block, for 1 to `max_running_requests`
-    requests (at most WARM_BATCH_CAP)."""
+def serving_widths(server_args, draft: bool) -> set[int]:
+    """The tokens per request the model's forward serves in decode steps: the target's verify
+    (or plain decode) at every width, a draft's block."""
     from ...settings import current
 
-    batch = min(int(getattr(server_args, "max_running_requests", None) or WARM_BATCH_CAP), WARM_BATCH_CAP)
     if not getattr(server_args, "speculative_algorithm", None):
-        widths = {1}
-    else:
-        settings = current()
-        window = int(getattr(server_args, "speculative_num_draft_tokens", None) or 16)
-        block = int(settings.draft_block or window)
-        if draft:
-            widths = {block}
-        else:
-            widths = {window} | (set(settings.adaptive.widths) if settings.adaptive is not None else set())
+        return {1}
+    settings = current()
+    window = int(getattr(server_args, "speculative_num_draft_tokens", None) or 16)
+    if draft:
+        return {int(settings.draft_block or window)}
+    return {window} | (set(settings.adaptive.widths) if settings.adaptive is not None else set())
+
+
+def serving_rows(server_args, draft: bool) -> list[int]:
+    """The row counts the model's forward serves in decode steps (`serving_widths`), for 1 to
+    `max_running_requests` requests (at most WARM_BATCH_CAP)."""
+    batch = min(int(getattr(server_args, "max_running_requests", None) or WARM_BATCH_CAP), WARM_BATCH_CAP)
+    widths = serving_widths(server_args, draft)
     return sorted({b * w for b in range(1, batch + 1) for w in widths})
 
 
@@ -283,6 +285,8 @@ def after_load_model(result, runner, *args, **kwargs):
     compiled.warm_embedding()
     if draft:
         seconds += compiled.context.warm(dtype, int(model.fc.weight.shape[1]))
+    elif hybrid.is_hybrid_target(model):
+        seconds += hybrid.warm_delta_rule(model, serving_widths(runner.server_args, draft), dtype)
     # a graph compiled after this is a missed warm-up: the log says which guard failed
     torch._logging.set_logs(recompiles=True)
     logger.info("%s: the %s's %d layers compiled in %.1f s (compile cache %s)", FLAG, kind,
@@ -291,4 +295,4 @@ def after_load_model(result, runner, *args, **kwargs):
 
 
 __all__ = ["CompiledDraft", "CompiledTarget", "WARM_BATCH_CAP", "after_load_model",
-           "around_capture_decode_graph", "refusal", "serving_rows", "warm_shapes"]
+           "around_capture_decode_graph", "refusal", "serving_rows", "serving_widths", "warm_shapes"]

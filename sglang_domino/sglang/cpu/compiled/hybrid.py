@@ -94,6 +94,20 @@ def refusal(model) -> Optional[str]:
     return None
 
 
+def warm_delta_rule(model, lengths, dtype: torch.dtype) -> float:
+    """The CPU stand-in's delta rule (`gdn_ops.compile_rule`) compiled for the per-request
+    lengths the target's decode and verify run, at this rank's heads; seconds taken."""
+    from ..hybrid import gdn_ops
+
+    inner = model.model
+    mixers = [layer.linear_attn for layer in inner.layers[inner.start_layer:inner.end_layer] if _is_delta_net(layer)]
+    if not mixers:
+        return 0.0
+    mixer = mixers[0]
+    return gdn_ops.compile_rule(lengths, mixer.num_v_heads // mixer.attn_tp_size, mixer.head_v_dim, mixer.head_k_dim,
+                                dtype)
+
+
 class HybridLayers(CompiledLayers):
     """Qwen3.5's layers under one graph: `CompiledLayers` with its two token mixers."""
 
@@ -143,4 +157,4 @@ class HybridLayers(CompiledLayers):
         return graph_ops.row_parallel(mixer.out_proj, self.reduce[i][0], out.reshape(rows, -1))
 
 
-__all__ = ["HybridLayers", "is_hybrid_target", "refusal"]
+__all__ = ["HybridLayers", "is_hybrid_target", "refusal", "warm_delta_rule"]
