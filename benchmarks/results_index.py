@@ -75,6 +75,8 @@ QUESTIONS = {
     "hf-testbed": "Transformers backend on the test bed: DFlash and Domino over target-only?",
     "hf-testbed-peers": "Transformers: Domino vs Transformers' assisted generation and prompt lookup?",
     "hf_cpu.json": "`benchmarks.hf_cpu`: tok/s, accept length and time outside the target forward?",
+    "hybrid-compiled-epyc": "A hybrid (gated delta-net) target: is `--enable-torch-compile` faster than eager?",
+    "hybrid-compiled-epyc-tp2": "A hybrid target at `--tp-size 2`: is `--enable-torch-compile` faster than eager?",
     "hybrid-replay": "Hybrid (gated delta-net) target: replay rollback vs per-position snapshots?",
     "hybrid_state_projection.md": "Hybrid targets' state and bytes per step at TP 2, projected (nothing run)",
     "omp-threads-fp32": "Does `OMP_NUM_THREADS=1` per server help on 2 cores?",

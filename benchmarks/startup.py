@@ -42,12 +42,16 @@ LOG_TIMES = {"target graphs": r"the target's \d+ layers compiled in ([\d.]+) s",
 START_METHOD = r"sglang-domino: the CPU scheduler processes (forked|spawned)"
 
 
-def command(port: int, flags: tuple[str, ...]) -> list[str]:
+def server_args(flags: tuple[str, ...]) -> list[str]:
+    """`sglang serve` arguments of the measured server with `flags`."""
     target, domino, _, _ = read_testbed(TESTBED)
-    return sglang_command(["--model-path", target, "--speculative-algorithm", "DFLASH",
-                           "--speculative-draft-model-path", domino, "--speculative-dflash-block-size", "16",
-                           "--device", "cpu", "--dtype", "float32", "--max-total-tokens", str(KV_TOKENS),
-                           *flags], port)
+    return ["--model-path", target, "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", domino,
+            "--speculative-dflash-block-size", "16", "--device", "cpu", "--dtype", "float32", "--max-total-tokens",
+            str(KV_TOKENS), *flags]
+
+
+def command(port: int, flags: tuple[str, ...]) -> list[str]:
+    return sglang_command(server_args(flags), port)
 
 
 def read_log(text: str) -> dict:
@@ -118,7 +122,7 @@ def main() -> int:
         info = machine()
         runs = {"cpu": cpu_label(info), "machine": info, "commit": git_commit(), "date": time.strftime("%Y-%m-%d"),
                 "rounds": args.rounds, "configs": args.configs, "starts": [],
-                "command": "sglang serve " + " ".join(command(0, ())[2:-4]).replace(TESTBED, os.path.relpath(TESTBED))}
+                "command": "sglang serve " + " ".join(server_args(())).replace(TESTBED, os.path.relpath(TESTBED))}
         with tempfile.TemporaryDirectory(prefix="startup-logs-") as logs:
             for name in sorted({n for n in args.configs if CONFIGS[n][0]}):   # warm the compile cache, unrecorded
                 start_once(name, logs, "warm-" + name.replace(", ", "-"))

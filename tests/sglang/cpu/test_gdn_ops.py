@@ -226,3 +226,57 @@ def test_torch_ops_take_upstreams_keyword_calls():
     torch.testing.assert_close(pool, expect_pool)
     g, beta = torch.ops.sgl_kernel.fused_gdn_gating_cpu(A_log, a, b, dt_bias)
     assert g.shape == beta.shape == (1, 3, HV) and g.dtype == torch.float32
+
+
+@pytest.fixture
+def compiled_rule():
+    """The delta rule compiled for one-token decode and an 8-token verify, as a server with
+    `--enable-torch-compile` compiles it (`compile_rule`); the eager loop again afterwards."""
+    ops.compile_rule({1, 8}, HV, V, K, torch.float32)
+    yield
+    ops._Compiled.rule, ops._Compiled.lengths = None, frozenset()
+
+
+def _rule_graphs() -> int:
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    return len(_debug_get_cache_entry_list(ops._rule_graph.__code__))
+
+
+def test_the_compiled_rule_gives_the_eager_loops_outputs_states_and_snapshots(compiled_rule):
+    """Under `--enable-torch-compile` the verify (8 tokens) and decode (1) run the graphs
+    compiled at start-up, called as the compiled target calls them (grad-free, below
+    autograd): the eager loop's outputs, verify snapshots and written-back state; another
+    length (a prefill) runs the eager loop; no graph is compiled."""
+    A_log, dt_bias = _params()
+    gen = torch.Generator().manual_seed(5)
+    pool = torch.randn(4, HV, V, K, generator=gen)
+    slots, rows = torch.tensor([3, 1]), torch.tensor([0, 1])
+    q, k, v, a, b = _inputs(16, seed=7)
+
+    def serve():
+        live, buf = pool.clone(), torch.zeros(2, 8, HV, V, K)
+        verify = ops.fused_sigmoid_gating_delta_rule_update_cpu(
+            A_log, dt_bias, q, k, v, a, b, live, slots, cu_seqlens=torch.tensor([0, 8, 16]),
+            use_qk_l2norm_in_kernel=True, disable_state_update=True, intermediate_states_buffer=buf,
+            intermediate_state_indices=rows, cache_steps=8)
+        decode = ops.fused_sigmoid_gating_delta_rule_update_cpu(
+            A_log, dt_bias, q[:, :2], k[:, :2], v[:, :2], a[:2], b[:2], live, slots,
+            cu_seqlens=torch.tensor([0, 1, 2]), use_qk_l2norm_in_kernel=True)
+        prefill = ops.chunk_gated_delta_rule_cpu(q[:, :5], k[:, :5], v[:, :5], -a[None, :5].abs(),
+                                                 b[None, :5].sigmoid(),
+                                                 initial_state=live, initial_state_indices=slots[:1],
+                                                 cu_seqlens=torch.tensor([0, 5]), use_qk_l2norm_in_kernel=True)[0]
+        return verify, buf, decode, prefill, live
+
+    with torch.no_grad(), torch._C._AutoDispatchBelowAutograd():
+        graphs = _rule_graphs()
+        compiled = serve()
+        assert _rule_graphs() == graphs
+        rule, ops._Compiled.rule = ops._Compiled.rule, None
+        try:
+            eager = serve()
+        finally:
+            ops._Compiled.rule = rule
+    for got, want in zip(compiled, eager):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

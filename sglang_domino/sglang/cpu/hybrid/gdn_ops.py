@@ -20,8 +20,11 @@ at module import (the `is_cpu()` branches of `srt/layers/attention/linear/gdn_ba
     raises for CPU tensors (`mamba_state_scatter_triton.fused_mamba_state_scatter_with_mask`
     and `fused_conv_window_scatter_with_mask`).
 
-One recurrence serves prefill, decode and verify (`_delta_rule`), so the state a verify
-snapshots at position t is bit for bit the state decoding those t + 1 tokens would reach.
+One recurrence serves prefill, decode and verify (`_delta_rule`, one token's math in
+`_token`), so the state a verify snapshots at position t is bit for bit the state decoding
+those t + 1 tokens would reach. Under `--enable-torch-compile` the decode's and the verify's
+sequences run it as compiled graphs (`compile_rule`), equal to the eager loop to float32
+rounding.
 Layouts (from the pool, `srt/mem_cache/memory_pool.py`): ssm state `[slot, HV, V, K]`,
 conv state `[slot, dim, K - 1]`; per-position verify buffers `[row, D, HV, V, K]` and
 `[row, D, dim, K - 1]`. Only the linear chain DFLASH verifies is supported (no tree
@@ -199,6 +202,7 @@ class _Compiled:
     graph each, compiled before serving by `compile_rule`); None in an eager server."""
     rule = None
     lengths: frozenset = frozenset()
+    told = False   # the eager loop's use for a rounded state pool logged
 
 
 def compile_rule(lengths, heads: int, v_dim: int, k_dim: int, dtype: torch.dtype) -> float:
@@ -242,6 +246,12 @@ def _delta_rule(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
     it between the tokens of token-by-token decoding. Token by token (`_token`), or as one
     compiled graph where `compile_rule` compiled this length."""
     rounds = stored_as is not None and stored_as != torch.float32
+    if rounds and _Compiled.rule is not None and not _Compiled.told:
+        import logging
+
+        logging.getLogger(__name__).info("--enable-torch-compile: the delta rule runs its eager loop for a %s state "
+                                         "pool (the compiled graphs keep float32 states)", stored_as)
+        _Compiled.told = True
     if _Compiled.rule is not None and q.shape[0] in _Compiled.lengths and not rounds:
         from ..compiled.switches import guarded_inputs
 
