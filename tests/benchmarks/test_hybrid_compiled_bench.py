@@ -33,7 +33,8 @@ def test_the_table_puts_each_compiled_server_over_its_eager_twin_per_round():
     runs = []
     for rnd, (eager_wall, compiled_wall) in enumerate([(2.0, 1.0), (3.0, 2.0)]):
         for group in (0, 2):   # two groups of two requests
-            runs += [_run("plain", rnd, 2, group, eager_wall, 10), _run("plain, compiled", rnd, 2, group, compiled_wall, 10),
+            runs += [_run("plain", rnd, 2, group, eager_wall, 10),
+                     _run("plain, compiled", rnd, 2, group, compiled_wall, 10),
                      _run("domino", rnd, 2, group, eager_wall, 20, steps=4),
                      # one request of round 1 differs from its eager twin's
                      _run("domino, compiled", rnd, 2, group, compiled_wall, 20, steps=4,

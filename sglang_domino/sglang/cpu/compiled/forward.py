@@ -10,9 +10,9 @@ Here the CPU port owns a compile-friendly forward for a plain Qwen3 target, a de
 text-only Qwen3.5 target (gated delta-net and gated attention layers, `hybrid.py`) and a
 plain DFlash (or Domino) draft: the embedding and what follows the final norm stay
 upstream's (eager), and the layers between them run as one `torch.compile` graph
-(`layers.py`), dynamic in the number of tokens, built from upstream's own pieces of math (`RMSNorm.forward_native`,
-`RotaryEmbedding.forward_native`, `SiluAndMul.forward_native`, the linear layers'
-weights). Attention stays upstream's backend call (0.5.23's `torch_native`, batched by
+(`layers.py`), dynamic in the number of tokens, built from upstream's own pieces of math
+(`RMSNorm.forward_native`, `RotaryEmbedding.forward_native`, `SiluAndMul.forward_native`,
+the linear layers' weights). Attention stays upstream's backend call (0.5.23's `torch_native`, batched by
 `attention.py`) behind one opaque custom op, `sglang_domino::cpu_attention`, which reads
 the step's `ForwardBatch` from `graph_ops.py` (set for the duration of one forward): the
 graph does not break at it, and the KV cache is written where upstream writes it.
@@ -113,6 +113,7 @@ def refusal(model, draft: bool) -> Optional[str]:
             return "a quantized context projection (fc)"
         return _layer_refusal(model.layers)
     from sglang.srt.models.qwen3 import Qwen3ForCausalLM
+
     if hybrid.is_hybrid_target(model):
         return hybrid.refusal(model)
     if type(model) is not Qwen3ForCausalLM:

@@ -1,7 +1,8 @@
-"""The opaque ops the compiled CPU graphs call (`compiled_forward.py`, `rollout.py`): what a
-graph must not trace, run eagerly as upstream runs it, with a fake (shape-only) version
-for tracing. Each op reads what it needs beyond tensors from a registry here, by index:
-the step's batch and attention modules, the tensor-parallel groups, the embedding modules.
+"""The opaque ops the compiled CPU graphs call (`layers.py`, `hybrid.py`,
+`step/compiled_rollout.py`): what a graph must not trace, run eagerly as upstream runs it,
+with a fake (shape-only) version for tracing. Each op reads what it needs beyond tensors
+from a registry here, by index: the step's batch and its attention (or delta-net) modules,
+the tensor-parallel groups, the embedding modules.
 """
 
 from __future__ import annotations
@@ -142,5 +143,5 @@ def _(ids, weight, module):
     return weight.new_empty((*ids.shape, weight.shape[1]))
 
 
-__all__ = ["cpu_all_reduce", "cpu_attention", "cpu_embedding", "cpu_linear_attention", "embedding_index", "reduce_group",
-           "row_parallel", "step"]
+__all__ = ["cpu_all_reduce", "cpu_attention", "cpu_embedding", "cpu_linear_attention", "embedding_index",
+           "reduce_group", "row_parallel", "step"]

@@ -209,9 +209,10 @@ def compile_rule(lengths, heads: int, v_dim: int, k_dim: int, dtype: torch.dtype
     """Under `--enable-torch-compile`: the delta rule of one sequence as one graph per length
     in `lengths` (decode: 1; a verify: its width), compiled now as the compiled target calls
     it: grad-free, below autograd (inside its opaque op `sglang_domino::cpu_linear_attention`;
-    dynamo's guards read the dispatch keys a tensor has there); seconds taken. The eager loop was 1.8 ms per layer for a 16-token verify of 8
-    heads of 64 x 64 on the 2-core test machine, the graph 0.25 ms. Other lengths (prefill)
-    and a state pool stored in another dtype than float32 keep the eager loop."""
+    dynamo's guards read the dispatch keys a tensor has there); seconds taken. The eager loop
+    was 1.8 ms per layer for a 16-token verify of 8 heads of 64 x 64 on the 2-core AMD EPYC,
+    the graph 0.25 ms. Other lengths (prefill) and a state pool stored in another dtype than
+    float32 keep the eager loop (the latter logged once)."""
     import time
 
     from ..compiled.switches import allow_graphs
