@@ -33,7 +33,7 @@ class CompiledLayers:
         self.reduce = [(graph_ops.reduce_group(self.mixer(layer)[1]), graph_ops.reduce_group(layer.mlp.down_proj))
                        for layer in self.layers]
         self.final_norm = final_norm
-        allow_graphs()   # four graphs per model, the target's and the draft's on the same code
+        allow_graphs()   # two graphs per model (one row, many), the target's and the draft's on the same code
         self._compiled = torch.compile(self._forward, dynamic=True)
         self.warmed = False
 
