@@ -167,16 +167,24 @@ def measured_run(client: Client, method: str, conc: int, prompts: list[str], pid
             "other_cores_before": round(others_before, 3)}
 
 
+def server_command(cfg, port: int, config: str, server_flags=()) -> list[str]:
+    """The benchmark's `sglang serve` command for `config`, with `server_flags` (e.g.
+    `--enable-torch-compile`) after the draft's arguments."""
+    return cfg.launch_command(port, draft_for(cfg, config), tuple(server_flags))
+
+
 def profile_config(config: str, cfg, prompts: list[str], out: str, rate: int, tag: str = "",
-                   server_env: Optional[dict] = None, quiet_wait: float = QUIET_WAIT_S) -> list[dict]:
+                   server_env: Optional[dict] = None, quiet_wait: float = QUIET_WAIT_S,
+                   server_flags=()) -> list[dict]:
     """One server: per concurrency an unprofiled run, then a profiled one. `server_env` is
-    added to the server's environment (a variant, named by `tag`)."""
+    added to the server's environment and `server_flags` to its command (a variant, named
+    by `tag`)."""
     from sglang_domino.launch import free_port, start
 
     from .records import TARGET_ONLY
 
     port = free_port()
-    cmd = cfg.launch_command(port, draft_for(cfg, config))
+    cmd = server_command(cfg, port, config, server_flags)
     print(f"[{config}] {' '.join(cmd)}", flush=True)
     name = config + (f"-{tag}" if tag else "")
     log_path = os.path.join(out, f"server-{name}.log")
@@ -195,6 +203,7 @@ def profile_config(config: str, cfg, prompts: list[str], out: str, rate: int, ta
             spy_text = stop_spy(spy, spy_log)
             compress(raw_path)
             runs.append({"config": name, "concurrency": conc, "rate_hz": rate, "server_env": server_env or {},
+                         "server_flags": list(server_flags),
                          "commit": git_commit(), "cpu": cpu_description(), "machine": machine(),
                          "unprofiled": unprofiled, "profiled": profiled,
                          "py_spy": [line for line in spy_text.splitlines() if "Samples:" in line]})
@@ -305,6 +314,9 @@ def main(argv=None) -> int:
     parser.add_argument("--rate", type=int, default=RATE, help="py-spy samples per second")
     parser.add_argument("--server-env", action="append", default=[], metavar="KEY=VALUE",
                         help="add to the servers' environment (a variant; give it a --tag)")
+    parser.add_argument("--server-flag", action="append", default=[], metavar="FLAG",
+                        help="add to the servers' command, e.g. --server-flag=--enable-torch-compile "
+                             "(a variant; give it a --tag)")
     parser.add_argument("--quiet-wait", type=float, default=QUIET_WAIT_S,
                         help="seconds each run may wait for other work to use under %.1f cores" % QUIET_CORES)
     parser.add_argument("--tag", default="", help="suffix of this variant's config names and files")
@@ -319,7 +331,8 @@ def main(argv=None) -> int:
         server_env = dict(item.split("=", 1) for item in args.server_env)
         runs = []
         for config in args.configs.split(","):
-            runs += profile_config(config, cfg, prompts, args.out, args.rate, args.tag, server_env, args.quiet_wait)
+            runs += profile_config(config, cfg, prompts, args.out, args.rate, args.tag, server_env, args.quiet_wait,
+                                   args.server_flag)
         save_runs(runs_path, runs)
     with open(runs_path, encoding="utf-8") as fh:
         runs = json.load(fh)

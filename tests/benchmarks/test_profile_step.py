@@ -101,3 +101,18 @@ def test_committed_profile_reproduces_from_its_raw_samples():
         runs = json.load(fh)
     with open(os.path.join(out, "summary.md"), encoding="utf-8") as fh:
         assert ps.markdown(ps.summarise(out, runs)) == fh.read()
+
+
+def test_server_flags_follow_the_benchmark_command(monkeypatch):
+    """`--server-flag` variants (e.g. the compiled step) reach `sglang serve`'s command line,
+    after the draft's arguments (the benchmark's SERVER_ARGS, e.g. the dtype, last)."""
+    from benchmarks.common import bench_config
+
+    cfg = bench_config(2, [1])
+    plain = ps.server_command(cfg, 30000, "plain")
+    compiled = ps.server_command(cfg, 30000, "domino", ["--enable-torch-compile"])
+    assert "--enable-torch-compile" not in plain
+    without = ps.server_command(cfg, 30000, "domino")
+    at = compiled.index("--enable-torch-compile")
+    assert at > compiled.index("--speculative-draft-model-path")
+    assert compiled[:at] + compiled[at + 1:] == without
