@@ -103,7 +103,7 @@ def test_committed_profile_reproduces_from_its_raw_samples():
         assert ps.markdown(ps.summarise(out, runs)) == fh.read()
 
 
-def test_server_flags_follow_the_benchmark_command(monkeypatch):
+def test_server_flags_follow_the_benchmark_command():
     """`--server-flag` variants (e.g. the compiled step) reach `sglang serve`'s command line,
     after the draft's arguments (the benchmark's SERVER_ARGS, e.g. the dtype, last)."""
     from benchmarks.common import bench_config
