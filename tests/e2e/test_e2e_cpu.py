@@ -266,3 +266,15 @@ def test_compiled_forwards_and_rollout_compile_before_serving(spec):
     if "--enable-torch-compile" not in spec.config.flags:
         pytest.skip("eager forwards")
     check_compiled_before_serving(spec.log())
+
+
+def test_compiled_server_refuses_online_weight_updates(spec, models, expected):
+    """The compiled step multiplies through copies of the weights packed for oneDNN at
+    load: an online weight update is refused with the reason before any weight is written
+    (upstream's `_derived_weight_cache_error` check), and the server serves on unchanged."""
+    if "--enable-torch-compile" not in spec.config.flags:
+        pytest.skip("eager forwards")
+    status, body = spec.post("/update_weights_from_disk", {"model_path": models["target"]})
+    assert status == 400 and not body["success"], body
+    assert "--enable-torch-compile" in body["message"] and "packed" in body["message"], body
+    assert completion(spec, PROMPTS[0]) == expected["completions"][PROMPTS[0]]

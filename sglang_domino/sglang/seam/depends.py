@@ -241,6 +241,9 @@ DEPENDS: tuple[Dependency, ...] = (
                "the draft's or the target's, on which device", attributes=("is_draft_worker", "device", "model")),
     Dependency(f"{_S}.layers.quantization.unquant.UnquantizedLinearMethod", "only unquantized linear layers compile "
                "(their weight used as is)"),
+    Dependency(f"{_S}.model_executor.model_runner_components.weight_updater._unsupported_derived_weight_cache_error",
+               "reads `_derived_weight_cache_error` off every module before an online weight update: the compiled "
+               "model declares its oneDNN-packed copies there (`cpu/compiled/packed_linear.py`)", params=("model",)),
     # -- a hybrid target's layers compiled (`cpu/compiled/hybrid.py`) ----------------------------
     Dependency(f"{_S}.models.qwen3_5_text.Qwen3_5ForCausalLM", "the dense text-only Qwen3.5 compiled; its body, "
                "lm_head and logits processor read as its eager forward uses them",

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.sglang.cpu.layers import rms_norm
+from tests.sglang.cpu.layers import Holder, rms_norm
 
 pytest.importorskip("sglang")
 
@@ -38,14 +38,14 @@ def _draft(seed=0):
     q_size, kv_size = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
     layers = []
     for i in range(2):
-        qkv = SimpleNamespace(weight=torch.randn(q_size + 2 * kv_size, HIDDEN, generator=g) / HIDDEN ** 0.5,
-                              bias=torch.randn(q_size + 2 * kv_size, generator=g) if i else None)
-        attn = SimpleNamespace(qkv_proj=qkv, k_norm=norm(HEAD_DIM), q_size=q_size, kv_size=kv_size, head_dim=HEAD_DIM,
-                               num_kv_heads=KV_HEADS, attn=SimpleNamespace(layer_id=i, k_scale=None, v_scale=None),
-                               rotary_emb=_rotary())
-        layers.append(SimpleNamespace(self_attn=attn))
-    fc = SimpleNamespace(weight=torch.randn(HIDDEN, FEATURES, generator=g) / FEATURES ** 0.5, bias=None)
-    return SimpleNamespace(layers=layers, fc=fc, hidden_norm=norm(HIDDEN))
+        qkv = Holder(weight=torch.randn(q_size + 2 * kv_size, HIDDEN, generator=g) / HIDDEN ** 0.5,
+                     bias=torch.randn(q_size + 2 * kv_size, generator=g) if i else None)
+        attn = Holder(qkv_proj=qkv, k_norm=norm(HEAD_DIM), q_size=q_size, kv_size=kv_size, head_dim=HEAD_DIM,
+                      num_kv_heads=KV_HEADS, attn=SimpleNamespace(layer_id=i, k_scale=None, v_scale=None),
+                      rotary_emb=_rotary())
+        layers.append(Holder(self_attn=attn))
+    fc = Holder(weight=torch.randn(HIDDEN, FEATURES, generator=g) / FEATURES ** 0.5, bias=None)
+    return Holder(layers=torch.nn.ModuleList(layers), fc=fc, hidden_norm=norm(HIDDEN))
 
 
 @torch.no_grad()
@@ -74,12 +74,17 @@ def _pool():
 
 @pytest.fixture(scope="module")
 def compiled():
-    """One draft and its compiled context for the module (compiling takes most of its time)."""
+    """One draft and its compiled context for the module (compiling takes most of its time),
+    its projections packed for oneDNN as served."""
+    from sglang_domino.sglang.cpu.compiled import packed_linear
     from sglang_domino.sglang.cpu.compiled.context import CompiledContext
 
     draft = _draft()
     context = CompiledContext(draft)
-    context.warm(torch.float32, FEATURES)
+    # the context projection and each layer's K/V rows (2 x 2 x 16 of 32 + 64 rows of 32 inputs, float32)
+    assert context.pack() == (3, 4 * (HIDDEN * FEATURES + 2 * 2 * KV_HEADS * HEAD_DIM * HIDDEN))
+    assert getattr(draft.layers[0].self_attn.qkv_proj, packed_linear.ATTR, None) is None   # the layers' own: not here
+    context.warm(torch.float32, FEATURES, rows=20)
     return draft, context
 
 

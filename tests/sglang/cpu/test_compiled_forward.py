@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.sglang.cpu.layers import rms_norm
+from tests.sglang.cpu.layers import Holder, rms_norm
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER = 32, 4, 2, 8, 48
 
@@ -47,7 +47,7 @@ class Attention:
 
 
 def _linear(g, out_features, in_features):
-    return SimpleNamespace(weight=torch.randn(out_features, in_features, generator=g) / in_features ** 0.5, bias=None)
+    return Holder(weight=torch.randn(out_features, in_features, generator=g) / in_features ** 0.5, bias=None)
 
 
 def _layers(n, seen, seed=0):
@@ -60,13 +60,13 @@ def _layers(n, seen, seed=0):
     q_size, kv_size = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
     layers = []
     for i in range(n):
-        attn = SimpleNamespace(qkv_proj=_linear(g, q_size + 2 * kv_size, HIDDEN), o_proj=_linear(g, HIDDEN, q_size),
-                               q_norm=norm(HEAD_DIM), k_norm=norm(HEAD_DIM), rotary_emb=Rotary(), q_size=q_size,
-                               kv_size=kv_size, head_dim=HEAD_DIM, attn=Attention(i, seen))
-        mlp = SimpleNamespace(gate_up_proj=_linear(g, 2 * INTER, HIDDEN), down_proj=_linear(g, HIDDEN, INTER),
-                              act_fn=SiluAndMul())
-        layers.append(SimpleNamespace(self_attn=attn, mlp=mlp, input_layernorm=norm(HIDDEN),
-                                      post_attention_layernorm=norm(HIDDEN)))
+        attn = Holder(qkv_proj=_linear(g, q_size + 2 * kv_size, HIDDEN), o_proj=_linear(g, HIDDEN, q_size),
+                       q_norm=norm(HEAD_DIM), k_norm=norm(HEAD_DIM), rotary_emb=Rotary(), q_size=q_size,
+                       kv_size=kv_size, head_dim=HEAD_DIM, attn=Attention(i, seen))
+        mlp = Holder(gate_up_proj=_linear(g, 2 * INTER, HIDDEN), down_proj=_linear(g, HIDDEN, INTER),
+                      act_fn=SiluAndMul())
+        layers.append(Holder(self_attn=attn, mlp=mlp, input_layernorm=norm(HIDDEN),
+                              post_attention_layernorm=norm(HIDDEN)))
     return layers, norm(HIDDEN)
 
 
@@ -96,17 +96,36 @@ def _reference(layers, final_norm, hidden, positions):
     return hidden, streams
 
 
-@pytest.mark.parametrize("inference", [False, True], ids=["grad-free (target)", "inference (draft)"])
-def test_compiled_layers_match_the_eager_layers_and_compile_nothing_after_the_warm_up(caplog, inference):
+class _Counted(list):
+    """The packed weights, counting the reads the packed op makes."""
+    reads = 0
+
+    def __getitem__(self, i):
+        self.reads += 1
+        return super().__getitem__(i)
+
+
+@pytest.mark.parametrize("inference, packed", [(False, True), (True, False)],
+                         ids=["grad-free (target), packed for oneDNN", "inference (draft), unpacked"])
+def test_compiled_layers_match_the_eager_layers_and_compile_nothing_after_the_warm_up(caplog, monkeypatch,
+                                                                                       inference, packed):
     """Every row count (one row, a decode batch, verify blocks, a prefill), in the mode the
     warm-up was given (the target grad-free, the draft in inference mode), runs the two
     graphs the warm-up compiled, with the step's batch handed to every layer's attention,
-    and gives the eager layers' hidden states and residual streams."""
+    and gives the eager layers' hidden states and residual streams; with the projections
+    packed for oneDNN (as served) the graphs of many rows multiply through the packed
+    copies, the one-row graph through the weights."""
     from sglang_domino.sglang.cpu.compiled import layers as cl
+    from sglang_domino.sglang.cpu.compiled import packed_linear
 
     seen = []
     layers, final_norm = _layers(3, seen)
     compiled = cl.CompiledLayers(layers, final_norm)
+    if packed:
+        assert compiled.pack() == (12, sum(4 * p.numel() for l in layers for m in cl.CompiledLayers.projections(l)
+                                           for p in [m.weight]))
+    counted = _Counted(packed_linear._packed)
+    monkeypatch.setattr(packed_linear, "_packed", counted)
     real, calls = compiled._compiled, []
     compiled._compiled = lambda h, p: calls.append((int(h.shape[0]), torch.is_inference_mode_enabled())) or real(h, p)
     compiled.warm(torch.float32, HIDDEN, inference=inference)
@@ -118,6 +137,7 @@ def test_compiled_layers_match_the_eager_layers_and_compile_nothing_after_the_wa
     with caplog.at_level(logging.WARNING, logger=cl.__name__):
         for rows in (1, 2, 5, 16, HIDDEN, HEAD_DIM, 48, 7):
             seen.clear()
+            reads = counted.reads
             # the draft may be given hidden states made outside its mode: mixed inputs
             with torch.inference_mode(rows % 3 == 0):
                 hidden, positions = _inputs(rows, seed=rows)
@@ -125,6 +145,7 @@ def test_compiled_layers_match_the_eager_layers_and_compile_nothing_after_the_wa
                 got, streams = compiled(hidden, positions, batch)
                 assert got.is_inference() == inference
             assert [i for i, _ in seen] == [0, 1, 2] and all(b is batch for _, b in seen)
+            assert counted.reads - reads == (12 if packed and rows > 1 else 0)   # 3 layers x 4 projections
             want, want_streams = _reference(layers, final_norm, hidden, positions)
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
             assert len(streams) == 3
@@ -251,17 +272,17 @@ def _shard(layers, rank, world, group):
         w = attn.qkv_proj.weight
         qkv = torch.cat([w[:q_all][q_rows], w[q_all:q_all + kv_all][kv_rows], w[q_all + kv_all:][kv_rows]])
         gate_up = torch.cat([mlp.gate_up_proj.weight[:INTER][i_rows], mlp.gate_up_proj.weight[INTER:][i_rows]])
-        rank_attn = SimpleNamespace(
-            qkv_proj=SimpleNamespace(weight=qkv, bias=None),
-            o_proj=SimpleNamespace(weight=attn.o_proj.weight[:, q_rows], bias=None, tp_group=group),
+        rank_attn = Holder(
+            qkv_proj=Holder(weight=qkv, bias=None),
+            o_proj=Holder(weight=attn.o_proj.weight[:, q_rows].contiguous(), bias=None, tp_group=group),
             q_norm=attn.q_norm, k_norm=attn.k_norm, rotary_emb=attn.rotary_emb, q_size=heads * HEAD_DIM,
             kv_size=kv_heads * HEAD_DIM, head_dim=HEAD_DIM, attn=_RankAttention(i, attn.attn.seen, heads, kv_heads))
-        rank_mlp = SimpleNamespace(gate_up_proj=SimpleNamespace(weight=gate_up, bias=None),
-                                   down_proj=SimpleNamespace(weight=mlp.down_proj.weight[:, i_rows], bias=None,
-                                                             tp_group=group),
-                                   act_fn=mlp.act_fn)
-        out.append(SimpleNamespace(self_attn=rank_attn, mlp=rank_mlp, input_layernorm=layer.input_layernorm,
-                                   post_attention_layernorm=layer.post_attention_layernorm))
+        rank_mlp = Holder(gate_up_proj=Holder(weight=gate_up, bias=None),
+                           down_proj=Holder(weight=mlp.down_proj.weight[:, i_rows].contiguous(), bias=None,
+                                             tp_group=group),
+                           act_fn=mlp.act_fn)
+        out.append(Holder(self_attn=rank_attn, mlp=rank_mlp, input_layernorm=layer.input_layernorm,
+                           post_attention_layernorm=layer.post_attention_layernorm))
     return out
 
 
@@ -290,6 +311,7 @@ def tensor_parallel_ranks():
     groups = [FakeGroup(exchange, r) for r in range(world)]
     ranks = [cl.CompiledLayers(_shard(layers, r, world, groups[r]), final_norm) for r in range(world)]
     for compiled in ranks:
+        compiled.pack()   # as served: each rank's shards packed for oneDNN
         compiled.warm(torch.float32, HIDDEN, inference=False)   # one rank after the other: no collective at load
     assert not any(g.calls for g in groups)
     for rows in (1, 6):
@@ -339,18 +361,15 @@ def test_the_shape_warm_up_covers_every_batch_at_every_width_and_compiles_nothin
 
     seen = []
     layers, final_norm = _layers(2, seen, seed=4)
-    for obj in [final_norm, *layers, *(l.self_attn for l in layers), *(l.mlp for l in layers)]:
-        for name, value in list(vars(obj).items()):
-            if isinstance(value, torch.nn.Module):
-                value.to(torch.bfloat16)
-            elif isinstance(getattr(value, "weight", None), torch.Tensor):
-                value.weight = value.weight.to(torch.bfloat16)
+    for module in [final_norm, *layers]:
+        module.to(torch.bfloat16)
     compiled = cl.CompiledLayers(layers, final_norm)
     compiled.warm(torch.bfloat16, HIDDEN, inference=True)
     graphs = compiled.graphs()
     calls = []
     real = compiled._compiled
     compiled._compiled = lambda hidden, positions: calls.append(int(hidden.shape[0])) or real(hidden, positions)
-    assert cf.warm_shapes(compiled, torch.float32, HIDDEN, [1, 2, 3], inference=False) == 0.0 and not calls
-    cf.warm_shapes(compiled, torch.bfloat16, HIDDEN, [1, 4, 7, 16], inference=True)
+    assert cf.warm_shapes(compiled, torch.float32, HIDDEN, [1, 2, 3], inference=False, packed=False) == 0.0
+    assert not calls
+    cf.warm_shapes(compiled, torch.bfloat16, HIDDEN, [1, 4, 7, 16], inference=True, packed=False)
     assert calls == [1, 4, 7, 16] and compiled.graphs() == graphs and seen == []

@@ -28,8 +28,8 @@ import time
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 
+from . import packed_linear
 from .switches import allow_graphs, guarded_inputs
 
 
@@ -43,15 +43,32 @@ class CompiledContext:
         allow_graphs()
         self._compiled = torch.compile(self._kv, dynamic=True)
 
+    @staticmethod
+    def kv_rows(attn) -> slice:
+        """The fused QKV weight's K and V rows."""
+        return slice(attn.q_size, attn.q_size + 2 * attn.kv_size)
+
+    def pack(self) -> tuple[int, int]:
+        """Pack the context projection and every layer's K/V rows for oneDNN
+        (`packed_linear`): (how many, bytes)."""
+        fc = self.model.fc
+        packed = [(fc, packed_linear.ATTR)] if packed_linear.pack(fc, fc.weight) else []
+        for layer in self.layers:
+            qkv = layer.self_attn.qkv_proj
+            if packed_linear.pack(qkv, qkv.weight[self.kv_rows(layer.self_attn)], packed_linear.KV_ROWS_ATTR):
+                packed.append((qkv, packed_linear.KV_ROWS_ATTR))
+        return len(packed), sum(packed_linear.packed_bytes(m, attr) for m, attr in packed)
+
     def _kv(self, target_hidden: torch.Tensor, positions: torch.Tensor):
         model = self.model
-        ctx = model.hidden_norm.forward_native(F.linear(target_hidden, model.fc.weight, model.fc.bias))
+        ctx = model.hidden_norm.forward_native(packed_linear.project(target_hidden, model.fc))
         out = []
         for layer in self.layers:
             attn = layer.self_attn
-            rows = slice(attn.q_size, attn.q_size + 2 * attn.kv_size)   # the fused weight's K and V rows
-            bias = attn.qkv_proj.bias[rows] if attn.qkv_proj.bias is not None else None
-            k, v = F.linear(ctx, attn.qkv_proj.weight[rows], bias).split([attn.kv_size, attn.kv_size], dim=-1)
+            qkv, rows = attn.qkv_proj, self.kv_rows(attn)
+            bias = qkv.bias[rows] if qkv.bias is not None else None
+            k, v = packed_linear.linear(ctx, qkv.weight[rows], bias, getattr(qkv, packed_linear.KV_ROWS_ATTR, None)) \
+                .split([attn.kv_size, attn.kv_size], dim=-1)
             k = attn.k_norm.forward_native(k.reshape(-1, attn.head_dim)).view(k.shape)
             _, k = attn.rotary_emb.forward_native(positions, k, k)
             out.append((k.reshape(-1, attn.num_kv_heads, attn.head_dim),
@@ -65,11 +82,13 @@ class CompiledContext:
             target_hidden, positions = guarded_inputs((target_hidden, positions))
             return self._compiled(target_hidden, positions.to(torch.int64))
 
-    def warm(self, dtype: torch.dtype, features: int) -> float:
-        """Compile the graphs for one row and for many; seconds taken."""
+    def warm(self, dtype: torch.dtype, features: int, rows: int = 2) -> float:
+        """Compile the graphs for one row and for many, and run every row count up to `rows`
+        (a decode step commits between one token and its batch's rows: oneDNN builds a
+        kernel per new shape, `forward.warm_shapes`); seconds taken."""
         t0 = time.perf_counter()
-        for rows in (1, 2):
-            self(torch.zeros(rows, features, dtype=dtype), torch.zeros(rows, dtype=torch.int64))
+        for n in range(1, max(rows, 2) + 1):
+            self(torch.zeros(n, features, dtype=dtype), torch.zeros(n, dtype=torch.int64))
         return time.perf_counter() - t0
 
 

@@ -40,7 +40,7 @@ from typing import Optional
 
 import torch
 
-from . import hybrid, switches
+from . import hybrid, packed_linear, switches
 from .layers import CompiledLayers
 from .switches import FLAG
 
@@ -76,8 +76,8 @@ def _layer_refusal(layers) -> Optional[str]:
 
     for layer in layers:
         attn = layer.self_attn
-        linears = (attn.qkv_proj, attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
-        if any(type(getattr(m, "quant_method", None)) is not UnquantizedLinearMethod for m in linears):
+        if any(type(getattr(m, "quant_method", None)) is not UnquantizedLinearMethod
+               for m in CompiledLayers.projections(layer)):
             return "quantized linear layers"
         if type(attn.rotary_emb) is not RotaryEmbedding:
             return f"rotary embedding {type(attn.rotary_emb).__name__} (only the plain RotaryEmbedding)"
@@ -141,6 +141,10 @@ class _CompiledModel:
 
     def finish(self, input_ids, hidden, streams, forward_batch):
         raise NotImplementedError
+
+    def pack(self) -> tuple[int, int]:
+        """Pack the compiled projections for oneDNN (`packed_linear`): (how many, bytes)."""
+        return self.layers.pack()
 
     def warm_embedding(self) -> None:
         """Under tensor parallelism, the embedding at one row and at many, in each mode a
@@ -207,6 +211,10 @@ class CompiledDraft(_CompiledModel):
         super().__init__(model, model.embed_tokens, model.layers, model.norm)
         self.context = CompiledContext(model)
 
+    def pack(self) -> tuple[int, int]:
+        (layers, layer_bytes), (context, context_bytes) = super().pack(), self.context.pack()
+        return layers + context, layer_bytes + context_bytes
+
     def eager_only(self, input_embeds, get_embedding, pp_proxy_tensors, forward_batch=None) -> bool:
         return input_embeds is None and self.embed_tokens is None   # no embedding of its own: upstream's
 
@@ -244,13 +252,14 @@ def serving_rows(server_args, draft: bool) -> list[int]:
 
 
 def warm_shapes(layers: CompiledLayers, dtype: torch.dtype, hidden_size: int, rows: list[int],
-                inference: bool) -> float:
+                inference: bool, packed: bool) -> float:
     """Every row count of `rows` through the compiled layers once (attention returning
-    zeros), in the mode the model is called in; seconds taken. In bfloat16 (and float16)
-    oneDNN builds a kernel for each new matrix shape on first use (40-170 ms steps
-    against 10-28 ms warm on the 2-core test bed, docs/results.md): paid here, not by
-    the first requests. Float32 matmuls build nothing per shape and are not warmed."""
-    if dtype == torch.float32:
+    zeros), in the mode the model is called in; seconds taken. oneDNN builds a kernel for
+    each new matrix shape on first use: in bfloat16 (40-170 ms steps against 10-28 ms warm
+    on the 2-core test bed, docs/results.md), and in float32 for projections `packed` for
+    it (about 0.6 ms a projection): paid here, not by the first requests. Unpacked
+    float32 matmuls (MKL) build nothing per shape and are not warmed."""
+    if dtype == torch.float32 and not packed:
         return 0.0
     t0 = time.perf_counter()
     with torch.inference_mode(inference):
@@ -278,20 +287,25 @@ def after_load_model(result, runner, *args, **kwargs):
     else:
         compiled = CompiledTarget(model, hybrid.HybridLayers if hybrid.is_hybrid_target(model) else CompiledLayers)
     model.forward = compiled
+    packed, packed_bytes = compiled.pack()
+    packed_linear.declare(model, packed, packed_bytes)
     dtype = next(model.parameters()).dtype
     # the draft is called in inference mode, the target without
     seconds = compiled.layers.warm(dtype, model.config.hidden_size, inference=draft)
-    seconds += warm_shapes(compiled.layers, dtype, model.config.hidden_size,
-                           serving_rows(runner.server_args, draft), inference=draft)
+    rows = serving_rows(runner.server_args, draft)
+    seconds += warm_shapes(compiled.layers, dtype, model.config.hidden_size, rows, inference=draft,
+                           packed=packed > 0)
     compiled.warm_embedding()
-    if draft:
-        seconds += compiled.context.warm(dtype, int(model.fc.weight.shape[1]))
+    if draft:   # every row count a decode step commits, where oneDNN builds kernels per shape
+        cold_shapes = dtype != torch.float32 or packed > 0
+        seconds += compiled.context.warm(dtype, int(model.fc.weight.shape[1]), max(rows) if cold_shapes else 2)
     elif hybrid.is_hybrid_target(model):
         seconds += hybrid.warm_delta_rule(model, serving_widths(runner.server_args, draft), dtype)
     # a graph compiled after this is a missed warm-up: the log says which guard failed
     torch._logging.set_logs(recompiles=True)
-    logger.info("%s: the %s's %d layers compiled in %.1f s (compile cache %s)", FLAG, kind,
-                len(compiled.layers.layers), seconds, switches.cache_dir())
+    logger.info("%s: the %s's %d layers compiled in %.1f s, %d projections packed for oneDNN (%.1f MB; "
+                "compile cache %s)", FLAG, kind, len(compiled.layers.layers), seconds, packed,
+                packed_bytes / 2**20, switches.cache_dir())
     return result
 
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import contextlib
 
 import torch
-import torch.nn.functional as F
+
+from . import packed_linear
 
 # -- attention: one opaque op, the step's batch read from here --------------------------
 
@@ -114,7 +115,7 @@ def reduce_group(linear) -> int:
 def row_parallel(linear, group: int, x: torch.Tensor) -> torch.Tensor:
     """A row-parallel projection: this rank's product, summed over the ranks of `group`
     (`reduce_group`), then the bias (once, as rank 0 alone adds it upstream)."""
-    out = F.linear(x, linear.weight)
+    out = packed_linear.project(x, linear, bias=False)
     if group >= 0:
         out = torch.ops.sglang_domino.cpu_all_reduce(out, group)
     return out if linear.bias is None else out + linear.bias

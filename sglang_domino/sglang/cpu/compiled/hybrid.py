@@ -28,9 +28,8 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 
-from . import graph_ops
+from . import graph_ops, packed_linear
 from .layers import CompiledLayers
 
 
@@ -62,15 +61,13 @@ def _layer_refusal(layer) -> Optional[str]:
     norms = [layer.input_layernorm, layer.post_attention_layernorm]
     if _is_delta_net(layer):
         mixer = layer.linear_attn
-        linears = [mixer.in_proj_qkvz, mixer.in_proj_ba, mixer.out_proj]
         if type(mixer.norm) is not RMSNormGated or not standin_serving():
             return "a gated delta-net output norm other than RMSNormGated served by the CPU port's stand-in"
     else:
-        linears = [layer.qkv_proj, layer.o_proj]
         norms += [layer.q_norm, layer.k_norm]
         if type(layer.rotary_emb) not in (RotaryEmbedding, MRotaryEmbedding):
             return f"rotary embedding {type(layer.rotary_emb).__name__} (only RotaryEmbedding and MRotaryEmbedding)"
-    linears += [layer.mlp.gate_up_proj, layer.mlp.down_proj]
+    linears = HybridLayers.projections(layer)
     if any(type(getattr(m, "quant_method", None)) is not UnquantizedLinearMethod for m in linears):
         return "quantized linear layers"
     if any(type(n) is not GemmaRMSNorm for n in norms):
@@ -117,6 +114,15 @@ class HybridLayers(CompiledLayers):
             return layer.linear_attn.attn, layer.linear_attn.out_proj
         return layer.attn, layer.o_proj
 
+    @staticmethod
+    def projections(layer) -> list:
+        if _is_delta_net(layer):
+            mixer = layer.linear_attn
+            linears = [mixer.in_proj_qkvz, mixer.in_proj_ba, mixer.out_proj]
+        else:
+            linears = [layer.qkv_proj, layer.o_proj]
+        return linears + [layer.mlp.gate_up_proj, layer.mlp.down_proj]
+
     def mix(self, i, layer, hidden, positions):
         return self._delta_net(i, layer.linear_attn, hidden) if _is_delta_net(layer) else \
             self._gated_attention(i, layer, hidden, positions)
@@ -126,7 +132,7 @@ class HybridLayers(CompiledLayers):
             fused_sigmoid_mul_cpu
 
         rows = hidden.shape[0]
-        qkv = F.linear(hidden, layer.qkv_proj.weight, layer.qkv_proj.bias)
+        qkv = packed_linear.project(hidden, layer.qkv_proj)
         eps, gate = layer.q_norm.variance_epsilon, None
         if layer.attn_output_gate:
             q_gate, k, v = qkv.split([layer.q_size * 2, layer.kv_size, layer.kv_size], dim=-1)
@@ -147,8 +153,8 @@ class HybridLayers(CompiledLayers):
 
         rows, tp = hidden.shape[0], mixer.attn_tp_size
         heads_k, heads_v = mixer.num_k_heads // tp, mixer.num_v_heads // tp
-        qkvz = F.linear(hidden, mixer.in_proj_qkvz.weight, mixer.in_proj_qkvz.bias)
-        ba = F.linear(hidden, mixer.in_proj_ba.weight, mixer.in_proj_ba.bias)
+        qkvz = packed_linear.project(hidden, mixer.in_proj_qkvz)
+        ba = packed_linear.project(hidden, mixer.in_proj_ba)
         mixed_qkv, z, b, a = fused_qkvzba_split_reshape_cat_contiguous_cpu(qkvz, ba, heads_k, heads_v,
                                                                            mixer.head_k_dim, mixer.head_v_dim)
         core = torch.ops.sglang_domino.cpu_linear_attention(mixed_qkv, a, b, i, heads_v * mixer.head_v_dim)

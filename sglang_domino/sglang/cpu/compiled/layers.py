@@ -9,9 +9,8 @@ import logging
 import time
 
 import torch
-import torch.nn.functional as F
 
-from . import graph_ops
+from . import graph_ops, packed_linear
 from .switches import FLAG, allow_graphs, guarded_inputs
 
 logger = logging.getLogger(__name__)
@@ -42,6 +41,17 @@ class CompiledLayers:
         """Layer `layer`'s token mixer: (the module its opaque op calls, its output projection)."""
         return layer.self_attn.attn, layer.self_attn.o_proj
 
+    @staticmethod
+    def projections(layer) -> list:
+        """Layer `layer`'s linear modules."""
+        attn = layer.self_attn
+        return [attn.qkv_proj, attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj]
+
+    def pack(self) -> tuple[int, int]:
+        """Pack every layer's projections for oneDNN (`packed_linear`): (how many, bytes)."""
+        modules = [m for layer in self.layers for m in self.projections(layer) if packed_linear.pack(m, m.weight)]
+        return len(modules), sum(packed_linear.packed_bytes(m) for m in modules)
+
     def _forward(self, hidden: torch.Tensor, positions: torch.Tensor):
         residual = None
         streams = []
@@ -61,7 +71,7 @@ class CompiledLayers:
     def mix(self, i: int, layer, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Layer `i`'s attention (traced into the graph)."""
         attn = layer.self_attn
-        qkv = F.linear(hidden, attn.qkv_proj.weight, attn.qkv_proj.bias)
+        qkv = packed_linear.project(hidden, attn.qkv_proj)
         q, k, v = qkv.split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
         q = attn.q_norm.forward_native(q.reshape(-1, attn.head_dim)).view(q.shape)
         k = attn.k_norm.forward_native(k.reshape(-1, attn.head_dim)).view(k.shape)
@@ -71,7 +81,7 @@ class CompiledLayers:
 
     def mlp(self, i: int, mlp, hidden: torch.Tensor) -> torch.Tensor:
         """Layer `i`'s gated MLP (traced into the graph)."""
-        gate_up = F.linear(hidden, mlp.gate_up_proj.weight, mlp.gate_up_proj.bias)
+        gate_up = packed_linear.project(hidden, mlp.gate_up_proj)
         return graph_ops.row_parallel(mlp.down_proj, self.reduce[i][1], mlp.act_fn.forward_native(gate_up))
 
     @classmethod
