@@ -84,7 +84,7 @@ def compiled():
     # the context projection and each layer's K/V rows (2 x 2 x 16 of 32 + 64 rows of 32 inputs, float32)
     assert context.pack() == (3, 4 * (HIDDEN * FEATURES + 2 * 2 * KV_HEADS * HEAD_DIM * HIDDEN))
     assert getattr(draft.layers[0].self_attn.qkv_proj, packed_linear.ATTR, None) is None   # the layers' own: not here
-    context.warm(torch.float32, FEATURES, rows=20)
+    context.warm(torch.float32, FEATURES)
     return draft, context
 
 

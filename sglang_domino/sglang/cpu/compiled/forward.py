@@ -296,9 +296,8 @@ def after_load_model(result, runner, *args, **kwargs):
     seconds += warm_shapes(compiled.layers, dtype, model.config.hidden_size, rows, inference=draft,
                            packed=packed > 0)
     compiled.warm_embedding()
-    if draft:   # every row count a decode step commits, where oneDNN builds kernels per shape
-        cold_shapes = dtype != torch.float32 or packed > 0
-        seconds += compiled.context.warm(dtype, int(model.fc.weight.shape[1]), max(rows) if cold_shapes else 2)
+    if draft:
+        seconds += compiled.context.warm(dtype, int(model.fc.weight.shape[1]))
     elif hybrid.is_hybrid_target(model):
         seconds += hybrid.warm_delta_rule(model, serving_widths(runner.server_args, draft), dtype)
     # a graph compiled after this is a missed warm-up: the log says which guard failed
