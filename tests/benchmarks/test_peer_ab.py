@@ -139,3 +139,15 @@ def test_refold_rewrites_the_table_from_the_json(tmp_path):
     assert peer_ab.main(["--refold", "--out", str(tmp_path)]) == 0
     text = (tmp_path / "peer_ab.md").read_text()
     assert "| vLLM-CPU n-gram | 1 | 255.0 |" in text and "| 3 of 4 |" in text
+
+
+def test_a_run_without_the_eager_plain_server_is_checked_against_the_compiled_one():
+    def run(config, outputs):
+        return {"config": config, "round": 0, "concurrency": 1, "outputs": outputs}
+
+    runs = [run("domino-compiled", [[1, 2], [3, 4]]), run("plain-compiled", [[1, 2], [3, 5]]),
+            run("vllm-dflash", [[1, 2], [3, 5]])]
+    assert peer_ab.reference_of(r["config"] for r in runs) == "plain-compiled"
+    peer_ab.check_exactness(runs)
+    assert [r["differ"] for r in runs] == [1, 0, 0] and runs[0]["first_difference"] == [1]
+    assert peer_ab.reference_of(["plain", "plain-compiled"]) == "plain" and peer_ab.reference_of(["domino"]) is None
