@@ -24,13 +24,10 @@ memory (the eager paths and one-row graphs read the originals).
 
 from __future__ import annotations
 
-import logging
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
-
-logger = logging.getLogger(__name__)
 
 # the attribute a packed projection's index is kept under on its module; an `nn.Module`'s
 # int attribute is a constant to dynamo (a plain object's would become a symbol under
