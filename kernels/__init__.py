@@ -1,7 +1,11 @@
-"""Triton kernels, installed as `sglang_domino.kernels` (the top-level name `kernels`
-belongs to another PyPI package). Each kernel has a PyTorch reference in the package
-and a test that holds the two equal (on CPU under TRITON_INTERPRET=1).
+"""Kernels, installed as `sglang_domino.kernels` (the top-level name `kernels` belongs to
+another PyPI package). Each kernel has a PyTorch reference in the package and a test that
+holds the two equal.
 
-  * `chain_accept.accept_chain`: chain speculative-sampling acceptance on the sparse
-    Domino draft distribution (reference `sglang_domino.accept.accept_probs`).
+  * `chain_accept.accept_chain` (Triton): chain speculative-sampling acceptance on the
+    sparse Domino draft distribution (reference `sglang_domino.accept.accept_probs`;
+    tested on CPU under TRITON_INTERPRET=1).
+  * `cpu_paged_attention` (C++, built on the serving machine): attention over SGLang's
+    paged KV cache on CPU for the compiled CPU step (reference
+    `sglang_domino.sglang.cpu.attention.attend`).
 """

@@ -15,20 +15,42 @@ several requests: 1; a speculative verify or draft block: W; a prefill of equal 
 causal, each row's position (and sliding window). Other batches (prefills of unequal
 lengths, encoder lengths, cross attention) go to upstream's loop unchanged.
 
+Under the compiled CPU step (`--enable-torch-compile`) the same batches, and one
+request's decode row, go to a C++ kernel that reads the paged cache in place
+(`sglang_domino.kernels.cpu_paged_attention`, built when the model is compiled,
+`use_kernel`); `attend` is its reference. Inputs it does not take (a cache in another
+dtype than the query's) stay on `attend`. There the compiled graphs' attention op also
+skips upstream's per-layer dispatch (`RadixAttention.forward`, the backend's `forward`
+and `forward_decode` / `forward_extend`, this module's hooks: about 0.3 ms a layer on a
+2-core CPU, three times the kernel) where a forward's batch allows it (`Plan`): the
+same KV write and the same attention, decided once per forward.
+
 `SGLANG_DOMINO_DEBUG=upstream-cpu-attention` keeps upstream's loops (for side-by-side
 measurements); any other value but `batched` (the default) is refused.
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import Optional
 
 import torch
 from torch.nn.functional import scaled_dot_product_attention
 
+from ...kernels import cpu_paged_attention
 from ..environment import debug
 
 MODES = ("batched", "upstream")
+
+
+class _Kernel:
+    op = None   # the paged-attention kernel's op, where the compiled step built it (`use_kernel`)
+
+
+def use_kernel(op) -> None:
+    """Serve the batched attention (and one request's decode row) with the C++ kernel `op`
+    (`cpu_paged_attention.build`) in this process; None: `attend` again."""
+    _Kernel.op = op
 
 
 def mode() -> str:
@@ -91,20 +113,145 @@ def attend(query: torch.Tensor, output: torch.Tensor, k_cache: torch.Tensor, v_c
     return output
 
 
+def attend_paged(query, output, k_cache, v_cache, req_to_token, req_pool_indices, kv_lens, q_len: int, *,
+                 scaling=None, enable_gqa: bool = False, causal: bool = False,
+                 sliding_window_size: Optional[int] = None) -> torch.Tensor:
+    """`attend` through the kernel where this process has it and it takes these inputs."""
+    op = _Kernel.op
+    if op is None or not cpu_paged_attention.suits(query, output, k_cache, v_cache, req_to_token):
+        return attend(query, output, k_cache, v_cache, req_to_token, req_pool_indices, kv_lens, q_len,
+                      scaling=scaling, enable_gqa=enable_gqa, causal=causal, sliding_window_size=sliding_window_size)
+    # grouped-query heads follow from the shapes there, as SDPA's enable_gqa does here
+    return cpu_paged_attention.paged_attention(op, query, output, k_cache, v_cache, req_to_token, req_pool_indices,
+                                               kv_lens, q_len, scaling=scaling, causal=causal,
+                                               sliding_window_size=sliding_window_size)
+
+
+class _Layer:
+    """What a `RadixAttention` module's attention reads off it, once per module (its
+    attributes do not change while serving)."""
+
+    def __init__(self, module):
+        from sglang.srt.layers.radix_attention import AttentionType
+
+        self.cross = bool(module.is_cross_attention)
+        self.heads, self.kv_heads, self.v_heads = module.tp_q_head_num, module.tp_k_head_num, module.tp_v_head_num
+        self.dim, self.v_dim, self.layer_id = module.qk_head_dim, module.v_head_dim, module.layer_id
+        self.scale = float(module.scaling) if module.scaling is not None else self.dim ** -0.5
+        self.causal = module.attn_type != AttentionType.ENCODER_ONLY      # in an extend
+        window = module.sliding_window_size
+        self.window = int(window) if window is not None and window > -1 else -1
+
+
+_LAYERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _layer(module) -> _Layer:
+    info = _LAYERS.get(module)
+    if info is None:
+        info = _LAYERS[module] = _Layer(module)
+    return info
+
+
+class Plan:
+    """One forward's softmax attention straight through the kernel, layer by layer, as
+    upstream's `torch_native` backend would run it with this module's hooks: the layer's
+    K and V written with the pool's own `set_kv_buffer` at the batch's `out_cache_loc`
+    (what `forward_decode` / `forward_extend` write), then every request's `q_len` new
+    rows attend to its `seq_lens` cached tokens (decode: no causal mask, the window
+    counted from the row; extend: causal unless the layer is encoder-only, the window
+    only when causal). Built by `plan`, once per forward."""
+
+    def __init__(self, op, backend, batch, q_len: int, decode: bool, lens: Optional[torch.Tensor] = None):
+        from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+
+        self.op, self.q_len, self.decode = op, q_len, decode
+        self.pool = backend.token_to_kv_pool
+        self.table = backend.req_to_token_pool.req_to_token
+        self.loc = KVWriteLoc(batch.out_cache_loc, backend.swa_out_cache_loc)
+        self.rows = batch.req_pool_indices.to(torch.int64).contiguous()
+        self.lens = (batch.seq_lens if lens is None else lens).to(torch.int64).contiguous()
+        self.fits = None   # whether the kernel takes this forward's tensors (`suits`), at its first layer
+
+    def __call__(self, module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[torch.Tensor]:
+        """Layer `module`'s attention output `[rows, heads * v_head_dim]`, its KV written;
+        None (nothing done) for a cross-attention layer: upstream's path then."""
+        layer = _layer(module)
+        if layer.cross:
+            return None
+        # the views RadixAttention.forward takes
+        self.pool.set_kv_buffer(module, self.loc, k.view(-1, layer.kv_heads, layer.dim),
+                                v.view(-1, layer.v_heads, layer.v_dim))
+        causal = not self.decode and layer.causal
+        window = layer.window if self.decode or causal else -1
+        query = q.view(-1, layer.heads, layer.dim)
+        out = q.new_empty(query.shape[0], layer.heads * layer.v_dim)
+        output = out.view(-1, layer.heads, layer.v_dim)
+        k_cache, v_cache = self.pool.get_key_buffer(layer.layer_id), self.pool.get_value_buffer(layer.layer_id)
+        if self.fits is None:
+            self.fits = cpu_paged_attention.suits(query, output, k_cache, v_cache, self.table)
+        if self.fits:
+            self.op(query, k_cache, v_cache, self.table, self.rows, self.lens, self.q_len, layer.scale, causal, window,
+                    output)
+        else:
+            attend(query, output, k_cache, v_cache, self.table, self.rows, self.lens, self.q_len, scaling=layer.scale,
+                   enable_gqa=layer.heads != layer.kv_heads, causal=causal,
+                   sliding_window_size=window if window > -1 else None)
+        return out
+
+
+def plan(batch, q: torch.Tensor) -> Optional[Plan]:
+    """The `Plan` of a forward whose first attention layer gets `q`, where this process
+    has the kernel and upstream's path would be `torch_native` over a plain MHA pool with
+    a batch this module batches (a decode step, or every request adding the same number
+    of rows, without encoder lengths or padded rows); None otherwise (upstream's path)."""
+    op = _Kernel.op
+    if op is None or batch is None:
+        return None
+    from sglang.srt.layers.attention.graph_utils import padded_extend_real_tokens
+    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+    from sglang.srt.model_executor import forward_context
+
+    if not forward_context.has_forward_context():
+        return None
+    backend = forward_context.get_attn_backend()   # what RadixAttention.forward calls
+    if type(backend) is not TorchNativeAttnBackend or type(backend.token_to_kv_pool) is not MHATokenToKVPool:
+        return None
+    mode = batch.forward_mode
+    if getattr(batch, "encoder_lens", None) is not None or mode.is_idle():
+        return None
+    if mode.is_decode():
+        return Plan(op, backend, batch, 1, decode=True)
+    if mode.is_target_verify() and batch.extend_seq_lens is None:
+        # a DFLASH verify or draft block, as `dflash.around_torch_native_forward_extend`
+        # runs it: W = rows / requests new rows after each request's `seq_lens`
+        requests, rows = int(batch.batch_size), int(q.shape[0])
+        if requests <= 0 or rows % requests:
+            return None
+        width = rows // requests
+        return Plan(op, backend, batch, width, decode=False, lens=batch.seq_lens + width)
+    width = _uniform(batch.extend_seq_lens)
+    if width is None or padded_extend_real_tokens(q, batch) is not None:
+        return None
+    return Plan(op, backend, batch, width, decode=False)
+
+
 def around_sdpa_forward_decode(original, self, query, output, k_cache, v_cache, req_to_token, req_pool_indices,
                                seq_lens, encoder_lens=None, scaling=None, enable_gqa=False, causal=False,
                                is_cross_attn=False, sliding_window_size=None):
     """`TorchNativeAttnBackend._run_sdpa_forward_decode`: one row per request."""
-    # one request: upstream's loop is already one call, and a little cheaper than the gather here
-    if encoder_lens is not None or is_cross_attn or int(seq_lens.shape[0]) <= 1:
+    # one request without the kernel: upstream's loop is already one call, and a little
+    # cheaper than the gather here
+    if encoder_lens is not None or is_cross_attn or (int(seq_lens.shape[0]) <= 1 and _Kernel.op is None):
         return original(self, query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
                         encoder_lens, scaling=scaling, enable_gqa=enable_gqa, causal=causal,
                         is_cross_attn=is_cross_attn, sliding_window_size=sliding_window_size)
     # upstream's decode row sees every key without a causal mask, its window counted
     # from the row's own position (the last): the same as a causal row here
-    return attend(query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, 1, scaling=scaling,
-                  enable_gqa=enable_gqa, causal=sliding_window_size is not None,
-                  sliding_window_size=sliding_window_size)
+    return attend_paged(query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, 1,
+                        scaling=scaling, enable_gqa=enable_gqa, causal=sliding_window_size is not None,
+                        sliding_window_size=sliding_window_size)
 
 
 def around_sdpa_forward_extend(original, self, query, output, k_cache, v_cache, req_to_token, req_pool_indices,
@@ -123,8 +270,8 @@ def around_sdpa_forward_extend(original, self, query, output, k_cache, v_cache, 
         return self._run_sdpa_forward_decode(query, output, k_cache, v_cache, req_to_token, req_pool_indices,
                                              seq_lens, scaling=scaling, enable_gqa=enable_gqa, causal=False,
                                              sliding_window_size=sliding_window_size)
-    return attend(query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, width,
-                  scaling=scaling, enable_gqa=enable_gqa, causal=causal, sliding_window_size=sliding_window_size)
+    return attend_paged(query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, width,
+                        scaling=scaling, enable_gqa=enable_gqa, causal=causal, sliding_window_size=sliding_window_size)
 
 
 def _uniform(lengths: Optional[torch.Tensor]) -> Optional[int]:
@@ -135,4 +282,5 @@ def _uniform(lengths: Optional[torch.Tensor]) -> Optional[int]:
     return first if first > 0 and bool((lengths == first).all()) else None
 
 
-__all__ = ["MODES", "wanted", "attend", "around_sdpa_forward_decode", "around_sdpa_forward_extend", "mode"]
+__all__ = ["MODES", "Plan", "wanted", "attend", "attend_paged", "around_sdpa_forward_decode",
+           "around_sdpa_forward_extend", "mode", "plan", "use_kernel"]

@@ -228,6 +228,28 @@ DEPENDS: tuple[Dependency, ...] = (
     Dependency(f"{_S}.layers.radix_attention.RadixAttention.forward", "each layer's attention, called from the "
                "graph's one opaque op with the step's batch (writes the KV cache, attends)",
                params=("q", "k", "v", "forward_batch")),
+    # -- the compiled step's attention without upstream's per-layer dispatch (`cpu/attention.Plan`) --
+    Dependency(f"{_S}.model_executor.forward_context.get_attn_backend", "the backend RadixAttention.forward would "
+               "call: the plan is made only for torch_native"),
+    Dependency(f"{_S}.model_executor.forward_context.has_forward_context", "no plan outside a forward"),
+    Dependency(f"{_S}.layers.attention.torch_native_backend.TorchNativeAttnBackend", "its pools and SWA write "
+               "locations, read as its forward_decode / forward_extend read them",
+               attributes=("token_to_kv_pool", "req_to_token_pool", "swa_out_cache_loc")),
+    Dependency(f"{_S}.layers.attention.torch_native_backend.TorchNativeAttnBackend.forward_extend", "reproduced by "
+               "the plan: the KV write at out_cache_loc, causal unless cross or encoder-only, the window when causal"),
+    Dependency(f"{_S}.layers.attention.torch_native_backend.TorchNativeAttnBackend.forward_decode", "reproduced by "
+               "the plan: the KV write, the decode row's window"),
+    Dependency(f"{_S}.layers.attention.graph_utils.padded_extend_real_tokens", "no plan for an extend padded for "
+               "attention TP (upstream then attends its real rows only)", params=("q", "forward_batch")),
+    Dependency(f"{_S}.layers.radix_attention.RadixAttention", "the layer's heads, dims, scaling, window and type "
+               "the plan attends with",
+               attributes=("tp_q_head_num", "tp_k_head_num", "tp_v_head_num", "qk_head_dim", "v_head_dim", "scaling",
+                           "sliding_window_size", "is_cross_attention", "attn_type", "layer_id")),
+    Dependency(f"{_S}.layers.radix_attention.AttentionType", "encoder-only layers attend without the causal mask"),
+    Dependency(f"{_S}.mem_cache.memory_pool.MHATokenToKVPool.get_key_buffer", "the layer's key cache, read in place "
+               "by the kernel", params=("layer_id",)),
+    Dependency(f"{_S}.mem_cache.memory_pool.MHATokenToKVPool.get_value_buffer", "the layer's value cache",
+               params=("layer_id",)),
     Dependency(f"{_S}.models.dflash.DFlashDraftModel", "the one draft architecture compiled; its layers, final norm "
                "and embedding read as its eager forward uses them", attributes=("layers", "norm", "embed_tokens")),
     Dependency(f"{_S}.models.dflash.DFlashDraftModel.forward", "the eager forward the compiled draft reproduces"),

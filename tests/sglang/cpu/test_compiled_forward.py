@@ -220,6 +220,28 @@ def test_the_compile_cache_is_sglangs_unless_torchs_variable_names_one(monkeypat
     assert switches.persistent_cache() == str(tmp_path / "mine") and (tmp_path / "mine").is_dir()
 
 
+def test_the_attention_kernel_is_built_into_the_compile_cache_and_a_failed_build_refuses_the_start(monkeypatch,
+                                                                                                   tmp_path):
+    from sglang_domino.kernels import cpu_paged_attention
+    from sglang_domino.sglang.cpu import attention
+    from sglang_domino.sglang.cpu.compiled import forward as cf, switches
+
+    monkeypatch.setenv(switches.CACHE_ENV, str(tmp_path / "cache"))
+    built = []
+    monkeypatch.setattr(cpu_paged_attention, "build", lambda directory: built.append(directory) or "the op")
+    monkeypatch.setattr(attention._Kernel, "op", None)
+    cf.build_attention_kernel()
+    assert built == [str(tmp_path / "cache" / "kernels")] and attention._Kernel.op == "the op"
+
+    def no_compiler(directory):
+        raise RuntimeError("g++: not found")
+
+    monkeypatch.setattr(cpu_paged_attention, "build", no_compiler)
+    with pytest.raises(RuntimeError, match="--enable-torch-compile with --device cpu: the paged-attention kernel "
+                                           "could not be built: g[+][+]: not found"):
+        cf.build_attention_kernel()
+
+
 @pytest.mark.parametrize("draft", [False, True])
 def test_a_model_it_cannot_compile_is_refused_at_load_naming_why(monkeypatch, draft):
     from sglang_domino.sglang.cpu.compiled import forward as cf

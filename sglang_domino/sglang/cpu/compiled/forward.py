@@ -268,6 +268,27 @@ def warm_shapes(layers: CompiledLayers, dtype: torch.dtype, hidden_size: int, ro
     return time.perf_counter() - t0
 
 
+def build_attention_kernel() -> float:
+    """Serve this process's CPU attention with the paged-attention kernel
+    (`kernels/cpu_paged_attention`, `attention.use_kernel`), compiled into the compile
+    cache on the first start on a machine and loaded from it after; seconds taken. A kernel
+    that cannot be built refuses the start (the compiled step needs the same compiler)."""
+    import os
+
+    from ....kernels import cpu_paged_attention
+    from .. import attention
+
+    t0 = time.perf_counter()
+    if not attention.wanted():   # SGLANG_DOMINO_DEBUG=upstream-cpu-attention: upstream's loops, for comparisons
+        return 0.0
+    try:
+        op = cpu_paged_attention.build(os.path.join(switches.cache_dir(), "kernels"))
+    except Exception as exc:   # the compiler's or the loader's message
+        raise RuntimeError(f"{FLAG} with --device cpu: the paged-attention kernel could not be built: {exc}") from exc
+    attention.use_kernel(op)
+    return time.perf_counter() - t0
+
+
 def after_load_model(result, runner, *args, **kwargs):
     """`ModelRunner.load_model`: on CPU with `--enable-torch-compile`, the model's forward
     becomes the compiled one (compiled before serving); refused at start-up with the
@@ -282,6 +303,7 @@ def after_load_model(result, runner, *args, **kwargs):
         raise ValueError(f"{FLAG} with --device cpu cannot compile this {kind}: {reason}; "
                          f"serve it without {FLAG}")
     switches.set_compiled_step()
+    kernel_seconds = build_attention_kernel()
     if draft:
         compiled = CompiledDraft(model)
     else:
@@ -302,11 +324,11 @@ def after_load_model(result, runner, *args, **kwargs):
         seconds += hybrid.warm_delta_rule(model, serving_widths(runner.server_args, draft), dtype)
     # a graph compiled after this is a missed warm-up: the log says which guard failed
     torch._logging.set_logs(recompiles=True)
-    logger.info("%s: the %s's %d layers compiled in %.1f s, %d projections packed for oneDNN (%.1f MB; "
-                "compile cache %s)", FLAG, kind, len(compiled.layers.layers), seconds, packed,
-                packed_bytes / 2**20, switches.cache_dir())
+    logger.info("%s: the %s's %d layers compiled in %.1f s, %d projections packed for oneDNN (%.1f MB), "
+                "attention kernel ready in %.1f s (compile cache %s)", FLAG, kind, len(compiled.layers.layers),
+                seconds, packed, packed_bytes / 2**20, kernel_seconds, switches.cache_dir())
     return result
 
 
-__all__ = ["CompiledDraft", "CompiledTarget", "WARM_BATCH_CAP", "after_load_model",
+__all__ = ["CompiledDraft", "CompiledTarget", "WARM_BATCH_CAP", "after_load_model", "build_attention_kernel",
            "around_capture_decode_graph", "refusal", "serving_rows", "serving_widths", "warm_shapes"]

@@ -15,29 +15,41 @@ from . import packed_linear
 
 # -- attention: one opaque op, the step's batch read from here --------------------------
 
+_UNPLANNED = object()
+
+
 class _Step:
-    """The forward in progress: its batch and the attention modules by layer index."""
+    """The forward in progress: its batch, the attention modules by layer index, and how
+    its attention runs (`attention.plan`, made at its first attention layer)."""
     batch = None
     layers: list = []
+    plan = _UNPLANNED
 
 
 @contextlib.contextmanager
 def step(batch, layers):
-    _Step.batch, _Step.layers = batch, layers
+    _Step.batch, _Step.layers, _Step.plan = batch, layers, _UNPLANNED
     try:
         yield
     finally:
-        _Step.batch, _Step.layers = None, []
+        _Step.batch, _Step.layers, _Step.plan = None, [], _UNPLANNED
 
 
 @torch.library.custom_op("sglang_domino::cpu_attention", mutates_args=())
 def cpu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
     """Upstream's attention of layer `layer` (`RadixAttention.forward`: writes k and v into
-    the KV cache, attends) for the step in progress. Without one (compiling at load time)
-    it returns zeros."""
+    the KV cache, attends) for the step in progress, or the same straight through the
+    paged-attention kernel where the step's plan allows (`attention.plan`). Without a step
+    (compiling at load time) it returns zeros."""
     if _Step.batch is None:
         return torch.zeros_like(q)
-    out = _Step.layers[layer](q, k, v, _Step.batch)
+    if _Step.plan is _UNPLANNED:
+        from .. import attention
+
+        _Step.plan = attention.plan(_Step.batch, q)
+    out = None if _Step.plan is None else _Step.plan(_Step.layers[layer], q, k, v)
+    if out is None:
+        out = _Step.layers[layer](q, k, v, _Step.batch)
     return out.reshape(q.shape[0], -1)
 
 
