@@ -7,7 +7,9 @@
 #
 # What it holds, and why:
 # - python3 (3.11 on bookworm: sglang 0.5.23 ships only a cp311 wheel), python3-venv, and
-#   python3-dev + gcc + libc6-dev (Triton and torch compile small C helpers at run time);
+#   python3-dev + gcc + libc6-dev (Triton and torch compile small C helpers at run time), and
+#   g++: `--enable-torch-compile` compiles inductor's C++ graphs and the CPU paged-attention
+#   kernel (kernels/cpu_paged_attention.cpp) on the serving machine;
 # - ca-certificates (pip over HTTPS), libnuma1 (linked by sglang-kernel), procps (ps, kill);
 # - libibverbs1 and libcurl4: loaded by mooncake's transfer engine (the test extra, for
 #   prefill-decode disaggregation); with libibverbs1 present, scripts/install.sh needs no apt-get.
@@ -16,7 +18,7 @@ set -euo pipefail
 IMAGE="${1:-sglang-domino-base:bookworm}"
 MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 SECURITY="${DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debian-security}"
-PACKAGES=ca-certificates,python3,python3-venv,python3-dev,gcc,libc6-dev,libnuma1,libibverbs1,libcurl4,procps
+PACKAGES=ca-certificates,python3,python3-venv,python3-dev,gcc,g++,libc6-dev,libnuma1,libibverbs1,libcurl4,procps
 
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
