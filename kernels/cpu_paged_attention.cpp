@@ -69,7 +69,14 @@ void attend_rows(const at::Tensor& q, const at::Tensor& k_cache, const at::Tenso
   const float fscale = static_cast<float>(scale);
 
   int64_t longest = 1;
-  for (int64_t r = 0; r < requests; ++r) longest = std::max(longest, lp[r]);
+  for (int64_t r = 0; r < requests; ++r) {
+    longest = std::max(longest, lp[r]);
+    // a request's row of the table and its length, checked once: every slot read below
+    // is checked against the cache too (upstream's gathers raise on a bad index)
+    TORCH_CHECK(trp[r] >= 0 && trp[r] < table.size(0) && lp[r] >= 0 && lp[r] <= table.size(1),
+                "paged_attention: request ", r, " has table row ", trp[r], " and length ", lp[r], " outside the table");
+  }
+  const int64_t cache_slots = std::min(k_cache.size(0), v_cache.size(0));
   // about 64k multiply-adds per task before a second thread is woken
   const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, G * longest * (dim + vdim)));
 
@@ -97,6 +104,8 @@ void attend_rows(const at::Tensor& q, const at::Tensor& k_cache, const at::Tenso
       }
       scores.assign(G * std::max<int64_t>(n, 1), 0.f);
       for (int64_t j = lo; j < hi; ++j) {
+        TORCH_CHECK(slots[j] >= 0 && slots[j] < cache_slots, "paged_attention: slot ", slots[j], " of request ", r,
+                    " outside the cache's ", cache_slots);
         const float* kr = as_float(kp + static_cast<int64_t>(slots[j]) * ks0 + kh * ks1, kbuf.data(), dim);
         for (int64_t row = 0; row < G; ++row) {
           if (j >= first[row] && j < stop[row]) scores[row * n + j] = dot(qbuf.data() + row * dim, kr, dim);

@@ -334,3 +334,15 @@ def test_a_forward_the_plan_does_not_cover_keeps_upstreams_path(kernel_op):
             assert attention.plan(batch, q) is None
     finally:
         attention.use_kernel(None)
+
+
+def test_the_kernel_refuses_a_slot_outside_the_cache(kernel_op):
+    """A slot id past the cache (upstream's gather raises IndexError there) is an error,
+    not a read out of bounds."""
+    g, k, v, req_to_token = _cache(6)
+    table = req_to_token.clone()
+    table[1, 3] = SLOTS + 5
+    q = torch.randn(1, HEADS, DIM, generator=g)
+    with pytest.raises(RuntimeError, match=f"slot {SLOTS + 5} of request 0 outside the cache"):
+        cpu_paged_attention.paged_attention(kernel_op, q, torch.empty_like(q), k, v, table, torch.tensor([1]),
+                                            torch.tensor([6]), 1)
