@@ -3,7 +3,7 @@
 //
 // Python side and reference: kernels/cpu_paged_attention.py (`reference`, the gathers
 // and scaled_dot_product_attention of sglang_domino/sglang/cpu/attention.py `attend`),
-// held equal by tests/test_cpu_paged_attention.py.
+// held equal by tests/sglang/cpu/test_attention.py.
 //
 // Rows: request r owns rows [r * q_len, (r + 1) * q_len) of q and out; row i of request r
 // sits at position lens[r] - q_len + i. It attends to the request's keys 0..lens[r]-1

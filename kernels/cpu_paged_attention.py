@@ -2,7 +2,7 @@
 that reads each cached key and value row where it lies, built on the serving machine.
 
 Reference: `sglang_domino.sglang.cpu.attention.attend` (row gathers out of the cache, then
-`scaled_dot_product_attention`), held equal by tests/test_cpu_paged_attention.py.
+`scaled_dot_product_attention`), held equal by tests/sglang/cpu/test_attention.py.
 
 Why. On a 2-core CPU a decode step of the test bed's target spent about 0.2 ms per layer
 in attention for one request, almost all of it a dozen small ops' dispatch (gathers,
