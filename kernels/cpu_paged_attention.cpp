@@ -1,8 +1,8 @@
 // Attention over SGLang's paged KV cache on CPU, reading each key and value row where it
 // lies in the cache (no gather into a contiguous copy first).
 //
-// Python side and reference: kernels/cpu_paged_attention.py (`reference`, the gathers
-// and scaled_dot_product_attention of sglang_domino/sglang/cpu/attention.py `attend`),
+// Python side: kernels/cpu_paged_attention.py; reference: the gathers and
+// scaled_dot_product_attention of sglang_domino/sglang/cpu/attention.py `attend`,
 // held equal by tests/sglang/cpu/test_attention.py.
 //
 // Rows: request r owns rows [r * q_len, (r + 1) * q_len) of q and out; row i of request r
@@ -11,7 +11,7 @@
 // position - w), whose cache slots are table[rows_of_table[r], j]. Scores and sums in
 // float32 whatever the storage dtype.
 //
-// Work is split over (row, head) pairs with at::parallel_for; the grain keeps a small
+// Work is split over (request, KV head) pairs with at::parallel_for; the grain keeps a small
 // step (one decode row) on the calling thread, where waking the other intra-op threads
 // costs more than the arithmetic.
 

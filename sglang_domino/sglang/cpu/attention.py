@@ -162,16 +162,15 @@ class Plan:
     counted from the row; extend: causal unless the layer is encoder-only, the window
     only when causal). Built by `plan`, once per forward."""
 
-    def __init__(self, op, backend, batch, q_len: int, decode: bool, lens: Optional[torch.Tensor] = None):
+    def __init__(self, backend, batch, q_len: int, decode: bool, lens: Optional[torch.Tensor] = None):
         from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
-        self.op, self.q_len, self.decode = op, q_len, decode
+        self.q_len, self.decode = q_len, decode
         self.pool = backend.token_to_kv_pool
         self.table = backend.req_to_token_pool.req_to_token
         self.loc = KVWriteLoc(batch.out_cache_loc, backend.swa_out_cache_loc)
         self.rows = batch.req_pool_indices.to(torch.int64).contiguous()
         self.lens = (batch.seq_lens if lens is None else lens).to(torch.int64).contiguous()
-        self.fits = None   # whether the kernel takes this forward's tensors (`suits`), at its first layer
 
     def __call__(self, module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[torch.Tensor]:
         """Layer `module`'s attention output `[rows, heads * v_head_dim]`, its KV written;
@@ -187,16 +186,10 @@ class Plan:
         query = q.view(-1, layer.heads, layer.dim)
         out = q.new_empty(query.shape[0], layer.heads * layer.v_dim)
         output = out.view(-1, layer.heads, layer.v_dim)
-        k_cache, v_cache = self.pool.get_key_buffer(layer.layer_id), self.pool.get_value_buffer(layer.layer_id)
-        if self.fits is None:
-            self.fits = cpu_paged_attention.suits(query, output, k_cache, v_cache, self.table)
-        if self.fits:
-            self.op(query, k_cache, v_cache, self.table, self.rows, self.lens, self.q_len, layer.scale, causal, window,
-                    output)
-        else:
-            attend(query, output, k_cache, v_cache, self.table, self.rows, self.lens, self.q_len, scaling=layer.scale,
-                   enable_gqa=layer.heads != layer.kv_heads, causal=causal,
-                   sliding_window_size=window if window > -1 else None)
+        attend_paged(query, output, self.pool.get_key_buffer(layer.layer_id),
+                     self.pool.get_value_buffer(layer.layer_id), self.table, self.rows, self.lens, self.q_len,
+                     scaling=layer.scale, enable_gqa=layer.heads != layer.kv_heads, causal=causal,
+                     sliding_window_size=window)
         return out
 
 
@@ -205,8 +198,7 @@ def plan(batch, q: torch.Tensor) -> Optional[Plan]:
     has the kernel and upstream's path would be `torch_native` over a plain MHA pool with
     a batch this module batches (a decode step, or every request adding the same number
     of rows, without encoder lengths or padded rows); None otherwise (upstream's path)."""
-    op = _Kernel.op
-    if op is None or batch is None:
+    if _Kernel.op is None or batch is None:
         return None
     from sglang.srt.layers.attention.graph_utils import padded_extend_real_tokens
     from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
@@ -222,19 +214,18 @@ def plan(batch, q: torch.Tensor) -> Optional[Plan]:
     if getattr(batch, "encoder_lens", None) is not None or mode.is_idle():
         return None
     if mode.is_decode():
-        return Plan(op, backend, batch, 1, decode=True)
+        return Plan(backend, batch, 1, decode=True)
     if mode.is_target_verify() and batch.extend_seq_lens is None:
-        # a DFLASH verify or draft block, as `dflash.around_torch_native_forward_extend`
-        # runs it: W = rows / requests new rows after each request's `seq_lens`
-        requests, rows = int(batch.batch_size), int(q.shape[0])
-        if requests <= 0 or rows % requests:
-            return None
-        width = rows // requests
-        return Plan(op, backend, batch, width, decode=False, lens=batch.seq_lens + width)
+        # a DFLASH verify or draft block, run as `dflash.around_torch_native_forward_extend`
+        # runs it: W new rows after each request's `seq_lens`
+        from .dflash import verify_width
+
+        width = verify_width(batch, int(q.shape[0]))
+        return None if width is None else Plan(backend, batch, width, decode=False, lens=batch.seq_lens + width)
     width = _uniform(batch.extend_seq_lens)
     if width is None or padded_extend_real_tokens(q, batch) is not None:
         return None
-    return Plan(op, backend, batch, width, decode=False)
+    return Plan(backend, batch, width, decode=False)
 
 
 def around_sdpa_forward_decode(original, self, query, output, k_cache, v_cache, req_to_token, req_pool_indices,

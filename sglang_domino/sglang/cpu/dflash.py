@@ -12,6 +12,13 @@ import torch
 
 logger = logging.getLogger(__name__)
 
+def verify_width(forward_batch, rows: int):
+    """The new tokens per request W of a TARGET_VERIFY batch of `rows` tokens (every request
+    adds the same number); None where `rows` is not a whole number of blocks."""
+    requests = int(forward_batch.batch_size)
+    return rows // requests if requests > 0 and rows % requests == 0 else None
+
+
 def around_torch_native_forward_extend(original, self, q, k, v, layer, forward_batch, *args, **kwargs):
     """TARGET_VERIFY batches (the DFLASH draft block and the target verify) reach
     `TorchNativeAttnBackend.forward_extend` (routed there by `AttentionBackend.forward`)
@@ -23,11 +30,10 @@ def around_torch_native_forward_extend(original, self, q, k, v, layer, forward_b
     non-causally for the draft's `AttentionType.ENCODER_ONLY` layers."""
     if not forward_batch.forward_mode.is_target_verify() or forward_batch.extend_seq_lens is not None:
         return original(self, q, k, v, layer, forward_batch, *args, **kwargs)
-    bs = int(forward_batch.batch_size)
-    n = int(q.shape[0])
-    if bs <= 0 or n % bs:
-        raise RuntimeError(f"TARGET_VERIFY batch of {n} tokens is not a whole number of blocks for {bs} requests")
-    width = n // bs
+    width = verify_width(forward_batch, int(q.shape[0]))
+    if width is None:
+        raise RuntimeError(f"TARGET_VERIFY batch of {int(q.shape[0])} tokens is not a whole number of blocks for "
+                           f"{int(forward_batch.batch_size)} requests")
     prefix = forward_batch.seq_lens
     saved = (forward_batch.seq_lens, forward_batch.extend_prefix_lens, forward_batch.extend_seq_lens)
     forward_batch.seq_lens = prefix + width
