@@ -8,4 +8,7 @@ holds the two equal.
   * `cpu_paged_attention` (C++, built on the serving machine): attention over SGLang's
     paged KV cache on CPU for the compiled CPU step (reference
     `sglang_domino.sglang.cpu.attention.attend`).
+  * `cpu_linear` (C++, built with it): the compiled CPU step's projections, a pass over
+    the weight for a few rows, oneDNN over a packed copy above (reference `F.linear`).
+  * `cpu_build`: compiles the C++ sources into one library on the serving machine.
 """

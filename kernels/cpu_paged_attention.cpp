@@ -178,7 +178,7 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::T
 
 }  // namespace
 
-TORCH_LIBRARY(sglang_domino_cpu, m) {
+TORCH_LIBRARY_FRAGMENT(sglang_domino_cpu, m) {
   m.def("paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor table, Tensor table_rows, Tensor lens, "
         "int q_len, float scale, bool causal, int window, Tensor(a!) out) -> ()");
 }

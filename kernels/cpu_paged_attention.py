@@ -1,5 +1,6 @@
 """Attention over SGLang's paged KV cache on CPU: a C++ kernel (`cpu_paged_attention.cpp`)
-that reads each cached key and value row where it lies, built on the serving machine.
+that reads each cached key and value row where it lies, built on the serving machine
+with the other CPU kernels (`cpu_build`).
 
 Reference: `sglang_domino.sglang.cpu.attention.attend` (row gathers out of the cache, then
 `scaled_dot_product_attention`), held equal by tests/sglang/cpu/test_attention.py.
@@ -7,48 +8,26 @@ Reference: `sglang_domino.sglang.cpu.attention.attend` (row gathers out of the c
 Why. On a 2-core CPU a decode step of the test bed's target spent about 0.2 ms per layer
 in attention for one request, almost all of it a dozen small ops' dispatch (gathers,
 views, SDPA, the copy out), not arithmetic; the kernel is one call (docs/cpu.md).
-
-The library is compiled once per machine with torch's C++ extension builder (the
-compiler the compiled CPU step already needs for inductor) into `directory` (the compiled
-step's cache), under a name that carries the CPU capability torch runs at, so that a
-cache carried to another CPU builds its own: AVX2 and AVX-512 machines get `-mavx2 -mfma`.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import torch
 
-SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_paged_attention.cpp")
-LIBRARY = "sglang_domino_cpu"
-
-
-def _flags(capability: str) -> list[str]:
-    return ["-mavx2", "-mfma"] if capability in ("AVX2", "AVX512") else []
-
-
-def loaded() -> bool:
-    """Whether the kernel's op is registered in this process."""
-    try:
-        return torch._C._dispatch_has_kernel_for_dispatch_key(f"{LIBRARY}::paged_attention", "CPU")
-    except RuntimeError:   # no such operator yet
-        return False
+from . import cpu_build
 
 
 def build(directory: str, verbose: bool = False):
-    """The kernel's op, compiled into (or loaded from) `directory` on first use in this
-    process; raises where it cannot be built (the compiler's message)."""
-    if not loaded():
-        from torch.utils.cpp_extension import load
+    """The kernel's op, its library compiled into (or loaded from) `directory` on first
+    use in this process (`cpu_build.build`); raises where it cannot be built."""
+    cpu_build.build(directory, verbose=verbose)
+    return op()
 
-        capability = torch.backends.cpu.get_cpu_capability()
-        name = f"{LIBRARY}_paged_attention_{capability.lower()}"
-        where = os.path.join(directory, name)
-        os.makedirs(where, exist_ok=True)
-        load(name=name, sources=[SOURCE], build_directory=where, is_python_module=False, verbose=verbose,
-             extra_cflags=["-O3", "-fopenmp", *_flags(capability)], extra_ldflags=["-fopenmp"])
+
+def op():
+    """The kernel's op (its library loaded: `cpu_build.build`)."""
     return torch.ops.sglang_domino_cpu.paged_attention.default
 
 
@@ -79,4 +58,4 @@ def suits(query: torch.Tensor, output: torch.Tensor, k_cache: torch.Tensor, v_ca
             and v_cache.stride(-1) == 1 and v_cache.dtype == k_cache.dtype)
 
 
-__all__ = ["LIBRARY", "SOURCE", "build", "loaded", "paged_attention", "suits"]
+__all__ = ["build", "op", "paged_attention", "suits"]

@@ -96,13 +96,13 @@ def _reference(layers, final_norm, hidden, positions):
     return hidden, streams
 
 
-class _Counted(list):
-    """The packed weights, counting the reads the packed op makes."""
-    reads = 0
-
-    def __getitem__(self, i):
-        self.reads += 1
-        return super().__getitem__(i)
+def _op_calls(fn, *keys):
+    """How many times `fn` calls each op of `keys` (the profiler sees the kernel library's
+    calls and the ones it makes from C++)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        out = fn()
+    counts = {e.key: e.count for e in prof.key_averages()}
+    return out, [counts.get(key, 0) for key in keys]
 
 
 @pytest.mark.parametrize("inference, packed", [(False, True), (True, False)],
@@ -113,10 +113,10 @@ def test_compiled_layers_match_the_eager_layers_and_compile_nothing_after_the_wa
     warm-up was given (the target grad-free, the draft in inference mode), runs the two
     graphs the warm-up compiled, with the step's batch handed to every layer's attention,
     and gives the eager layers' hidden states and residual streams; with the projections
-    packed for oneDNN (as served) the graphs of many rows multiply through the packed
-    copies, the one-row graph through the weights."""
+    packed for oneDNN (as served) each projection is one call of the kernel library's
+    linear op, which multiplies through the packed copies above its few rows."""
+    from sglang_domino.kernels import cpu_linear
     from sglang_domino.sglang.cpu.compiled import layers as cl
-    from sglang_domino.sglang.cpu.compiled import packed_linear
 
     seen = []
     layers, final_norm = _layers(3, seen)
@@ -124,8 +124,7 @@ def test_compiled_layers_match_the_eager_layers_and_compile_nothing_after_the_wa
     if packed:
         assert compiled.pack() == (12, sum(4 * p.numel() for l in layers for m in cl.CompiledLayers.projections(l)
                                            for p in [m.weight]))
-    counted = _Counted(packed_linear._packed)
-    monkeypatch.setattr(packed_linear, "_packed", counted)
+    cut = cpu_linear.small_rows()
     real, calls = compiled._compiled, []
     compiled._compiled = lambda h, p: calls.append((int(h.shape[0]), torch.is_inference_mode_enabled())) or real(h, p)
     compiled.warm(torch.float32, HIDDEN, inference=inference)
@@ -135,17 +134,19 @@ def test_compiled_layers_match_the_eager_layers_and_compile_nothing_after_the_wa
     graphs = compiled.graphs()
     batch = object()
     with caplog.at_level(logging.WARNING, logger=cl.__name__):
-        for rows in (1, 2, 5, 16, HIDDEN, HEAD_DIM, 48, 7):
+        for rows in (1, 2, 5, 16, 17, HIDDEN, HEAD_DIM, 48, 7):
             seen.clear()
-            reads = counted.reads
             # the draft may be given hidden states made outside its mode: mixed inputs
             with torch.inference_mode(rows % 3 == 0):
                 hidden, positions = _inputs(rows, seed=rows)
             with torch.inference_mode(inference):
-                got, streams = compiled(hidden, positions, batch)
+                (got, streams), (linears, onednn) = _op_calls(lambda: compiled(hidden, positions, batch),
+                                                              "sglang_domino_cpu::linear",
+                                                              "mkldnn::_linear_pointwise")
                 assert got.is_inference() == inference
             assert [i for i, _ in seen] == [0, 1, 2] and all(b is batch for _, b in seen)
-            assert counted.reads - reads == (12 if packed and rows > 1 else 0)   # 3 layers x 4 projections
+            assert linears == 12   # 3 layers x 4 projections
+            assert onednn == (12 if packed and rows > cut else 0)
             want, want_streams = _reference(layers, final_norm, hidden, positions)
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
             assert len(streams) == 3
@@ -220,26 +221,26 @@ def test_the_compile_cache_is_sglangs_unless_torchs_variable_names_one(monkeypat
     assert switches.persistent_cache() == str(tmp_path / "mine") and (tmp_path / "mine").is_dir()
 
 
-def test_the_attention_kernel_is_built_into_the_compile_cache_and_a_failed_build_refuses_the_start(monkeypatch,
-                                                                                                   tmp_path):
-    from sglang_domino.kernels import cpu_paged_attention
+def test_the_cpu_kernels_are_built_into_the_compile_cache_and_a_failed_build_refuses_the_start(monkeypatch,
+                                                                                              tmp_path):
+    from sglang_domino.kernels import cpu_build, cpu_paged_attention
     from sglang_domino.sglang.cpu import attention
     from sglang_domino.sglang.cpu.compiled import forward as cf, switches
 
     monkeypatch.setenv(switches.CACHE_ENV, str(tmp_path / "cache"))
     built = []
-    monkeypatch.setattr(cpu_paged_attention, "build", lambda directory: built.append(directory) or "the op")
+    monkeypatch.setattr(cpu_build, "build", lambda directory: built.append(directory))
     monkeypatch.setattr(attention._Kernel, "op", None)
-    cf.build_attention_kernel()
-    assert built == [str(tmp_path / "cache" / "kernels")] and attention._Kernel.op == "the op"
+    cf.build_kernels()
+    assert built == [str(tmp_path / "cache" / "kernels")] and attention._Kernel.op == cpu_paged_attention.op()
 
     def no_compiler(directory):
         raise RuntimeError("g++: not found")
 
-    monkeypatch.setattr(cpu_paged_attention, "build", no_compiler)
-    with pytest.raises(RuntimeError, match="--enable-torch-compile with --device cpu: the paged-attention kernel "
+    monkeypatch.setattr(cpu_build, "build", no_compiler)
+    with pytest.raises(RuntimeError, match="--enable-torch-compile with --device cpu: the CPU kernels "
                                            "could not be built: g[+][+]: not found"):
-        cf.build_attention_kernel()
+        cf.build_kernels()
 
 
 @pytest.mark.parametrize("draft", [False, True])

@@ -1,5 +1,6 @@
-"""`sglang_domino.sglang.cpu.compiled.packed_linear`: the compiled CPU graphs' projections
-over weights packed once for oneDNN. The graphs that use them: `test_compiled_forward.py`,
+"""`sglang_domino.sglang.cpu.compiled.packed_linear`: the compiled CPU graphs' projections,
+through the kernel library's linear op (`test_cpu_linear.py`) over the weights and their
+copies packed once for oneDNN. The graphs that use them: `test_compiled_forward.py`,
 `test_compiled_context.py`; served: the compiled servers of `tests/e2e/`."""
 
 from __future__ import annotations
@@ -22,32 +23,41 @@ def _module(out_features, in_features, bias, dtype=torch.float32, seed=0):
 
 @needs_onednn
 @pytest.mark.parametrize("bias", [False, True], ids=["no bias", "bias"])
-def test_a_packed_projection_of_many_rows_is_the_weights_product(monkeypatch, bias):
+def test_a_packed_projection_is_the_weights_product_through_onednn_above_the_few_rows(bias):
+    from sglang_domino.kernels import cpu_linear
+
     module = _module(48, 32, bias)
     assert packed_linear.pack(module, module.weight)
     index = getattr(module, packed_linear.ATTR)
     assert packed_linear.packed_bytes(module) == 48 * 32 * 4
+    cut = cpu_linear.small_rows()
     calls = []
-    real = torch.ops.mkldnn._linear_pointwise
-    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", lambda *a: calls.append(a[0].shape[0]) or real(*a))
-    for rows in (1, 2, 7, 64):
+    for rows in (1, 2, 7, cut + 1, 64):
         x = torch.randn(rows, 32, generator=torch.Generator().manual_seed(rows))
-        got = packed_linear.project(x, module)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            got = packed_linear.project(x, module)
+        calls += [rows] * sum(e.count for e in prof.key_averages() if e.key == "mkldnn::_linear_pointwise")
         torch.testing.assert_close(got, F.linear(x, module.weight, module.bias), rtol=1e-5, atol=1e-5)
-    assert calls == [2, 7, 64]   # one row: the weights' own matrix-vector product
+    assert calls == [cut + 1, 64]   # up to the cut: the weights' own product
     # without its bias (a row-parallel projection adds it after the reduce)
     x = torch.randn(5, 32)
     torch.testing.assert_close(packed_linear.project(x, module, bias=False), x @ module.weight.T, rtol=1e-5,
                                atol=1e-5)
     # a non-contiguous input (a split's view) is multiplied as its values
-    wide = torch.randn(6, 64)
+    wide = torch.randn(40, 64)
     torch.testing.assert_close(packed_linear.linear(wide[:, ::2], module.weight, None, index),
                                F.linear(wide[:, ::2], module.weight), rtol=1e-5, atol=1e-5)
 
 
-def test_an_unpacked_projection_and_unsupported_dtypes_use_the_weights():
+def test_an_unpacked_projection_and_unsupported_dtypes_use_the_weights(monkeypatch):
+    from sglang_domino.kernels import cpu_linear
+
     module = _module(8, 4, bias=True, dtype=torch.float16)
     assert not packed_linear.supported(torch.float16) and not packed_linear.pack(module, module.weight)
+    float32 = _module(8, 4, bias=True)
+    monkeypatch.setattr(cpu_linear, "_faked", False)   # without the kernel library nothing is packed
+    assert not packed_linear.pack(float32, float32.weight) and packed_linear.packed_bytes(float32) == 0
+    monkeypatch.undo()
     assert getattr(module, packed_linear.ATTR, None) is None and packed_linear.packed_bytes(module) == 0
     x = torch.randn(3, 4, dtype=torch.float16)
     torch.testing.assert_close(packed_linear.project(x, module), F.linear(x, module.weight, module.bias))
@@ -56,20 +66,24 @@ def test_an_unpacked_projection_and_unsupported_dtypes_use_the_weights():
 
 
 @needs_onednn
-def test_the_op_traces_as_its_shape_and_runs_opaque_in_a_dynamic_graph():
-    """Dynamo and inductor see the op's shape only (its fake) in a graph dynamic in its rows."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
+def test_a_dynamic_graph_multiplies_through_the_op_and_without_the_library_through_f_linear(monkeypatch):
+    from sglang_domino.kernels import cpu_linear
 
     module = _module(24, 16, bias=True, seed=1)
     packed_linear.pack(module, module.weight)
-    with FakeTensorMode():
-        out = torch.ops.sglang_domino.cpu_packed_linear(torch.empty(5, 16), None, 0, 24)
-    assert out.shape == (5, 24)
-    compiled = torch.compile(lambda x: torch.relu(packed_linear.project(x, module)), dynamic=True)
-    for rows in (1, 3, 9):
-        x = torch.randn(rows, 16)
-        torch.testing.assert_close(compiled(x), torch.relu(F.linear(x, module.weight, module.bias)), rtol=1e-5,
-                                   atol=1e-5)
+    for available in (True, False):
+        monkeypatch.setattr(cpu_linear, "_faked", available)
+        torch._dynamo.reset()
+        compiled = torch.compile(lambda x: torch.relu(packed_linear.project(x, module)), dynamic=True)
+        for rows in (1, 3, 9, 40):
+            x = torch.randn(rows, 16)
+            compiled(x)   # compiled first: tracing calls the op's fake, which the profiler counts too
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                got = compiled(x)
+            ops = sum(e.count for e in prof.key_averages() if e.key == "sglang_domino_cpu::linear")
+            assert ops == (1 if available else 0)
+            torch.testing.assert_close(got, torch.relu(F.linear(x, module.weight, module.bias)), rtol=1e-5,
+                                       atol=1e-5)
 
 
 def test_a_packed_model_refuses_online_weight_updates_through_upstreams_check():

@@ -268,24 +268,24 @@ def warm_shapes(layers: CompiledLayers, dtype: torch.dtype, hidden_size: int, ro
     return time.perf_counter() - t0
 
 
-def build_attention_kernel() -> float:
-    """Serve this process's CPU attention with the paged-attention kernel
-    (`kernels/cpu_paged_attention`, `attention.use_kernel`), compiled into the compile
-    cache on the first start on a machine and loaded from it after; seconds taken. A kernel
-    that cannot be built refuses the start (the compiled step needs the same compiler)."""
+def build_kernels() -> float:
+    """Build this process's CPU kernel library (`kernels/cpu_build`: the paged-attention
+    kernel and the linear op), compiled into the compile cache on the first start on a
+    machine and loaded from it after, and serve attention with it (`attention.use_kernel`,
+    unless a debug check asks for upstream's); seconds taken. A library that cannot be
+    built refuses the start (the compiled step needs the same compiler)."""
     import os
 
-    from ....kernels import cpu_paged_attention
+    from ....kernels import cpu_build, cpu_paged_attention
     from .. import attention
 
     t0 = time.perf_counter()
-    if not attention.wanted():   # SGLANG_DOMINO_DEBUG=upstream-cpu-attention: upstream's loops, for comparisons
-        return 0.0
     try:
-        op = cpu_paged_attention.build(os.path.join(switches.cache_dir(), "kernels"))
+        cpu_build.build(os.path.join(switches.cache_dir(), "kernels"))
     except Exception as exc:   # the compiler's or the loader's message
-        raise RuntimeError(f"{FLAG} with --device cpu: the paged-attention kernel could not be built: {exc}") from exc
-    attention.use_kernel(op)
+        raise RuntimeError(f"{FLAG} with --device cpu: the CPU kernels could not be built: {exc}") from exc
+    if attention.wanted():   # SGLANG_DOMINO_DEBUG=upstream-cpu-attention: upstream's loops, for comparisons
+        attention.use_kernel(cpu_paged_attention.op())
     return time.perf_counter() - t0
 
 
@@ -303,7 +303,7 @@ def after_load_model(result, runner, *args, **kwargs):
         raise ValueError(f"{FLAG} with --device cpu cannot compile this {kind}: {reason}; "
                          f"serve it without {FLAG}")
     switches.set_compiled_step()
-    kernel_seconds = build_attention_kernel()
+    kernel_seconds = build_kernels()
     if draft:
         compiled = CompiledDraft(model)
     else:
@@ -325,10 +325,10 @@ def after_load_model(result, runner, *args, **kwargs):
     # a graph compiled after this is a missed warm-up: the log says which guard failed
     torch._logging.set_logs(recompiles=True)
     logger.info("%s: the %s's %d layers compiled in %.1f s, %d projections packed for oneDNN (%.1f MB), "
-                "attention kernel ready in %.1f s (compile cache %s)", FLAG, kind, len(compiled.layers.layers),
+                "CPU kernels ready in %.1f s (compile cache %s)", FLAG, kind, len(compiled.layers.layers),
                 seconds, packed, packed_bytes / 2**20, kernel_seconds, switches.cache_dir())
     return result
 
 
-__all__ = ["CompiledDraft", "CompiledTarget", "WARM_BATCH_CAP", "after_load_model", "build_attention_kernel",
+__all__ = ["CompiledDraft", "CompiledTarget", "WARM_BATCH_CAP", "after_load_model", "build_kernels",
            "around_capture_decode_graph", "refusal", "serving_rows", "serving_widths", "warm_shapes"]
