@@ -163,3 +163,43 @@ def tensor_parallel_rollout():
             for out in outs:
                 assert torch.equal(out, want), (pool, bs, out, want)
     print("ranks propose the single rank's tokens")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("bias", [False, True], ids=["bias-free (Domino)", "biases"])
+def test_the_gru_update_from_the_gates_products_is_gru_cell(dtype, bias):
+    """The compiled CPU rollout multiplies the GRU's gates through the kernel library's
+    linear op and updates the state with `gru_update`: `gru_cell`'s step."""
+    from sglang_domino.kernels import cpu_linear
+    from sglang_domino.sglang.sampling.sampled_rollout import gru_update
+
+    g = torch.Generator().manual_seed(3)
+    x, h = torch.randn(5, 12, generator=g, dtype=dtype), torch.randn(5, 8, generator=g, dtype=dtype)
+    w_ih, w_hh = torch.randn(24, 12, generator=g, dtype=dtype), torch.randn(24, 8, generator=g, dtype=dtype)
+    b_ih, b_hh = ((torch.randn(24, generator=g, dtype=dtype), torch.randn(24, generator=g, dtype=dtype)) if bias
+                  else (None, None))
+    want = torch.ops.aten.gru_cell.default(x, h, w_ih, w_hh, b_ih, b_hh)
+    got = gru_update(cpu_linear.linear(x, w_ih, b_ih), cpu_linear.linear(h, w_hh, b_hh), h)
+    tol = 1e-6 if dtype == torch.float32 else 1e-12
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+
+
+def test_the_compiled_rollouts_head_multiplies_through_the_kernel_librarys_op():
+    """Its correction and GRU steps go through the op (`packed_linear.linear`), and give
+    the modules' and `gru_cell`'s values (float32, the served dtype)."""
+    from sglang_domino.sglang.sampling.sampled_rollout import UpstreamDominoHead
+    from sglang_domino.sglang.step import compiled_rollout as cpu_rollout
+
+    lm_head, _, gru, proj = rollout_modules(seed=7)
+    gru, proj = gru.float(), proj.float()
+    compiled = cpu_rollout.CompiledRollout(gru, proj)
+    reference = UpstreamDominoHead(gru, proj)
+    g = torch.Generator().manual_seed(4)
+    z, state = torch.randn(3, lm_head.shape[1], generator=g), torch.randn(3, gru.hidden_size, generator=g)
+    embed = torch.randn(3, gru.input_size, generator=g)
+    with torch.no_grad(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        got = compiled.head.correction(z, state), compiled.head.gru_step(embed, state)
+    assert sum(e.count for e in prof.key_averages() if e.key == "sglang_domino_cpu::linear") == 4
+    with torch.no_grad():
+        torch.testing.assert_close(got[0], reference.correction(z, state), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got[1], reference.gru_step(embed, state), rtol=1e-5, atol=1e-5)

@@ -130,7 +130,13 @@ class UpstreamDominoHead:
 
     The GRU is held as its weights and run one cell step at a time, the prefix included
     (from a zero state, as `nn.GRU` starts): the same recurrence, and one `torch.compile`
-    can trace (it refuses `nn.GRU` modules; `sglang_domino.sglang.step.compiled_rollout`)."""
+    can trace (it refuses `nn.GRU` modules; `sglang_domino.sglang.step.compiled_rollout`).
+
+    `linear` (`(x, weight, bias) -> x W^T + b`), where given, multiplies the correction's
+    projections and the GRU's gates instead of the modules and `gru_cell` (the compiled
+    CPU rollout's C++ op, `compiled_rollout`); the GRU's update is then `gru_update`."""
+
+    linear = None
 
     def __init__(self, prefix_gru, embed_proj):
         self.proj = embed_proj
@@ -147,10 +153,14 @@ class UpstreamDominoHead:
         head.pool_weight = F.embedding(pool_ids, self.proj[2].weight)
         return head
 
+    def project(self, x: torch.Tensor, module) -> torch.Tensor:
+        """`module(x)`, through `linear` where given."""
+        return module(x) if self.linear is None else self.linear(x, module.weight, module.bias)
+
     def correction(self, z: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
-        hidden = self.proj[1](self.proj[0](torch.cat((z, state.to(z.dtype)), dim=-1)))
+        hidden = self.proj[1](self.project(torch.cat((z, state.to(z.dtype)), dim=-1), self.proj[0]))
         if self.pool_weight is None:
-            return self.proj[2](hidden)
+            return self.project(hidden, self.proj[2])
         return torch.bmm(self.pool_weight, hidden.unsqueeze(-1)).squeeze(-1)
 
     def run_gru(self, embeds: torch.Tensor) -> torch.Tensor:
@@ -164,8 +174,23 @@ class UpstreamDominoHead:
     def gru_step(self, embed: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
         # one feedback token: the GRU's cell op on its own weights, as upstream's
         # `_domino_gru_cell` (bias-free Domino GRU: the biases are None)
-        return torch.ops.aten.gru_cell.default(embed.to(self.w_ih.dtype), state, self.w_ih, self.w_hh, self.b_ih,
-                                               self.b_hh)
+        if self.linear is None:
+            return torch.ops.aten.gru_cell.default(embed.to(self.w_ih.dtype), state, self.w_ih, self.w_hh, self.b_ih,
+                                                   self.b_hh)
+        return gru_update(self.linear(embed.to(self.w_ih.dtype), self.w_ih, self.b_ih),
+                          self.linear(state, self.w_hh, self.b_hh), state)
+
+
+def gru_update(input_gates: torch.Tensor, hidden_gates: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+    """The GRU cell's state update from its gates' products (`x W_ih^T + b_ih`,
+    `h W_hh^T + b_hh`, each [bs, 3G] in the reset, update, new order), as `gru_cell`
+    computes it (held equal in tests/sglang/test_cpu_rollout.py)."""
+    x_r, x_z, x_n = input_gates.chunk(3, dim=-1)
+    h_r, h_z, h_n = hidden_gates.chunk(3, dim=-1)
+    reset = torch.sigmoid(x_r + h_r)
+    update = torch.sigmoid(x_z + h_z)
+    new = torch.tanh(x_n + reset * h_n)
+    return new + update * (state - new)
 
 
 @dataclass
