@@ -16,7 +16,6 @@ from typing import Optional
 
 import torch
 
-from . import cpu_build
 
 _faked = False
 
