@@ -16,7 +16,6 @@ from typing import Optional
 
 import torch
 
-
 _faked = False
 
 
