@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from ...rollout import propose_domino
 from ..cpu.compiled import graph_ops, packed_linear
-from ..cpu.compiled.switches import allow_graphs, compiled_step_serving, guarded_inputs
+from ..cpu.compiled.switches import Graph, compiled_step_serving, guarded_inputs
 from ..sampling import rollout_inputs, sampled_rollout
 
 
@@ -63,8 +63,7 @@ class CompiledRollout:
         # its products through the kernel library's linear op (one row per request: MKL's
         # matrix-vector products cost about 22 µs each at the test bed's size, 45 a block)
         self.head.linear = _linear
-        allow_graphs()   # two graphs per block length
-        self._compiled = torch.compile(self._rollout, dynamic=True)
+        self._compiled = Graph(self._rollout)   # two graphs per block length
 
     def _rollout(self, z, base, bonus_tokens, embed_weight, vocab_size: int, candidate_pool_size: int,
                  embedding: int) -> torch.Tensor:

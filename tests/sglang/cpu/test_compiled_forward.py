@@ -174,6 +174,33 @@ def test_the_attention_and_all_reduce_ops_outside_a_step_return_zeros_and_their_
     assert torch.equal(torch.ops.sglang_domino.cpu_all_reduce(q, group), q)
 
 
+def test_a_graph_takes_the_floats_it_reads_off_modules_as_constants_and_leaves_dynamos_setting_as_it_was():
+    """`switches.Graph` traces with floats specialized (a norm's eps is a constant guarded by
+    value, not a tensor built on every call: a new value is a new graph), and restores
+    dynamo's process-wide setting after every call, a failing one too."""
+    import torch._dynamo
+    import torch._dynamo.utils as dynamo_utils
+
+    from sglang_domino.sglang.cpu.compiled.switches import Graph
+
+    norm = rms_norm(8, torch.Generator().manual_seed(0))
+    before = torch._dynamo.config.specialize_float
+    graph = Graph(lambda x: norm.forward_native(x) * 2)
+    graphs = lambda: dynamo_utils.counters["stats"]["unique_graphs"]  # noqa: E731
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(graph(x), norm.forward_native(x) * 2)
+    assert torch._dynamo.config.specialize_float == before
+    count = graphs()
+    graph(torch.randn(5, 8))
+    assert graphs() == count   # the same eps: the same graphs
+    norm.variance_epsilon = 0.5
+    torch.testing.assert_close(graph(x), norm.forward_native(x) * 2)
+    assert graphs() == count + 1   # the eps was a constant of the graph
+    with pytest.raises(ValueError, match="hidden_size"):   # the norm's own check, raised while tracing
+        graph(torch.randn(3, 7))
+    assert torch._dynamo.config.specialize_float == before
+
+
 def test_the_target_hands_dflash_the_streams_of_its_captured_layers():
     """`layers_to_capture` counts from the model's first layer: the streams entering
     those layers, in upstream's container; none when DFLASH captures nothing."""

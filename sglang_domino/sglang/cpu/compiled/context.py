@@ -30,7 +30,7 @@ from typing import Optional
 import torch
 
 from . import packed_linear
-from .switches import allow_graphs, guarded_inputs
+from .switches import Graph, guarded_inputs
 
 
 class CompiledContext:
@@ -40,8 +40,7 @@ class CompiledContext:
     def __init__(self, draft_model):
         self.model = draft_model
         self.layers = list(draft_model.layers)
-        allow_graphs()
-        self._compiled = torch.compile(self._kv, dynamic=True)
+        self._compiled = Graph(self._kv)
 
     @staticmethod
     def kv_rows(attn) -> slice:

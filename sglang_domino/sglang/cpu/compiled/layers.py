@@ -11,7 +11,7 @@ import time
 import torch
 
 from . import graph_ops, packed_linear
-from .switches import FLAG, allow_graphs, guarded_inputs
+from .switches import FLAG, Graph, guarded_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -32,8 +32,8 @@ class CompiledLayers:
         self.reduce = [(graph_ops.reduce_group(self.mixer(layer)[1]), graph_ops.reduce_group(layer.mlp.down_proj))
                        for layer in self.layers]
         self.final_norm = final_norm
-        allow_graphs()   # two graphs per model (one row, many), the target's and the draft's on the same code
-        self._compiled = torch.compile(self._forward, dynamic=True)
+        # two graphs per model (one row, many), the target's and the draft's on the same code
+        self._compiled = Graph(self._forward)
         self.warmed = False
 
     @staticmethod
