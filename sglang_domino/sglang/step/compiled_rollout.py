@@ -62,7 +62,7 @@ class CompiledRollout:
         self.head = sampled_rollout.UpstreamDominoHead(prefix_gru, embed_proj)
         # its products through the kernel library's linear op (one row per request: MKL's
         # matrix-vector products cost about 22 µs each at the test bed's size, 45 a block)
-        self.head.linear = _linear
+        self.head.linear = packed_linear.linear
         self._compiled = Graph(self._rollout)   # two graphs per block length
 
     def _rollout(self, z, base, bonus_tokens, embed_weight, vocab_size: int, candidate_pool_size: int,
@@ -96,10 +96,6 @@ class CompiledRollout:
             tokens = self._compiled(z, base, bonus_tokens, embed_weight, int(vocab_size), int(candidate_pool_size),
                                     embedding)
         return tokens.clone()   # an ordinary tensor again: the step writes into what it is given
-
-
-def _linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-    return packed_linear.linear(x, weight, bias, None)
 
 
 _rollouts: dict[int, CompiledRollout] = {}

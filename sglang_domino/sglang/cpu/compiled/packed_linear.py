@@ -71,7 +71,8 @@ def packed_bytes(module, attr: str = ATTR) -> int:
     return 0 if index is None else _bytes[index]
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], index: Optional[int]) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+           index: Optional[int] = None) -> torch.Tensor:
     """`F.linear(x, weight, bias)` (traced into a graph; `x` 2-D): the kernel library's op,
     through the packed copy `index` (`pack`) where there is one and the rows call for it."""
     if not cpu_linear.available() or x.dim() != 2:   # constants while tracing
