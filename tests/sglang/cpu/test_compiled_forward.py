@@ -423,3 +423,47 @@ def test_the_shape_warm_up_covers_every_batch_at_every_width_and_compiles_nothin
     assert not calls
     cf.warm_shapes(compiled, torch.bfloat16, HIDDEN, [1, 4, 7, 16], inference=True, packed=False)
     assert calls == [1, 4, 7, 16] and compiled.graphs() == graphs and seen == []
+
+
+def _onednn_kernels_built(capfd, fn) -> int:
+    """How many kernels oneDNN builds (its verbose log's `create:cache_miss` lines) while `fn` runs."""
+    capfd.readouterr()
+    with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON_CREATION):
+        fn()
+    return sum("create:cache_miss" in line for line in capfd.readouterr().out.splitlines())
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+def test_in_float32_the_shape_warm_up_builds_every_onednn_kernel_the_packed_layers_serve(capfd):
+    """In float32 the warm-up runs each distinct packed product (a bias in the product or
+    added after it, as the layers project) once per row count above the linear op's few
+    rows, not the layers: afterwards the compiled layers at those row counts build no
+    oneDNN kernel, and one row count it did not warm does (the count sees them)."""
+    from sglang_domino.kernels import cpu_linear
+    from sglang_domino.sglang.cpu.compiled import forward as cf
+    from sglang_domino.sglang.cpu.compiled import layers as cl
+
+    g = torch.Generator().manual_seed(7)
+    seen = []
+    layers, final_norm = _layers(2, seen, seed=5)
+    for layer in layers:   # a bias in the qkv product, and one the output projection adds after its product
+        layer.self_attn.qkv_proj.bias = torch.randn(layer.self_attn.qkv_proj.weight.shape[0], generator=g)
+        layer.self_attn.o_proj.bias = torch.randn(HIDDEN, generator=g)
+    compiled = cl.CompiledLayers(layers, final_norm)
+    assert compiled.pack()[0] == 8
+    compiled.warm(torch.float32, HIDDEN, inference=False)
+    cut = cpu_linear.small_rows()
+    rows = [1, cut, cut + 1, cut + 7, 3 * cut + 5]
+    real, calls = compiled._compiled, []
+    compiled._compiled = lambda h, p: calls.append(int(h.shape[0])) or real(h, p)
+    # 4 distinct products (both layers share their shapes) x 3 row counts above the cut
+    assert cf.warm_products(compiled, rows) == 12
+    cf.warm_shapes(compiled, torch.float32, HIDDEN, rows, inference=False, packed=True)
+    compiled._compiled = real
+    assert calls == [] and seen == []   # the layers themselves never ran
+    batch = object()
+    for n in rows:
+        hidden, positions = _inputs(n, seed=n)
+        assert _onednn_kernels_built(capfd, lambda: compiled(hidden, positions, batch)) == 0, n
+    hidden, positions = _inputs(5 * cut + 3, seed=1)   # a count no other test multiplies at
+    assert _onednn_kernels_built(capfd, lambda: compiled(hidden, positions, batch)) > 0

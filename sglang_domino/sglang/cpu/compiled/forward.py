@@ -253,19 +253,54 @@ def serving_rows(server_args, draft: bool) -> list[int]:
 
 def warm_shapes(layers: CompiledLayers, dtype: torch.dtype, hidden_size: int, rows: list[int],
                 inference: bool, packed: bool) -> float:
-    """Every row count of `rows` through the compiled layers once (attention returning
-    zeros), in the mode the model is called in; seconds taken. oneDNN builds a kernel for
-    each new matrix shape on first use: in bfloat16 (40-170 ms steps against 10-28 ms warm
-    on the 2-core test bed, docs/results.md), and in float32 for projections `packed` for
-    it (about 0.6 ms a projection): paid here, not by the first requests. Unpacked
+    """oneDNN's kernels for every row count of `rows`, built before serving; seconds taken.
+    oneDNN builds a kernel (a "primitive", cached by shape) for each new matrix shape on
+    first use: in bfloat16 (40-170 ms steps against 10-28 ms warm on the 2-core test bed,
+    docs/results.md), and in float32 for projections `packed` for it (about 0.6 ms a
+    projection). In float32 the packed projections are the graph's only such products:
+    each distinct one is run once per row count above the linear op's few rows
+    (`warm_products`), without the rest of the layers. In bfloat16, where inductor's own
+    products may go through oneDNN too, every row count runs through the compiled layers
+    once (attention returning zeros), in the mode the model is called in. Unpacked
     float32 matmuls (MKL) build nothing per shape and are not warmed."""
     if dtype == torch.float32 and not packed:
         return 0.0
     t0 = time.perf_counter()
+    if dtype == torch.float32:
+        warm_products(layers, rows)
+        return time.perf_counter() - t0
     with torch.inference_mode(inference):
         for n in rows:
             layers(torch.zeros(n, hidden_size, dtype=dtype), torch.zeros(n, dtype=torch.int64), None)
     return time.perf_counter() - t0
+
+
+def warm_products(layers: CompiledLayers, rows: list[int]) -> int:
+    """Each distinct product of the packed projections of `layers` (weight shape, with or
+    without a bias in it: oneDNN keys its kernels on shapes) at every row count of `rows`
+    that goes through oneDNN (above `cpu_linear.small_rows()`), on zeros; how many
+    products were run. The row-parallel projections (the mixer's output, down_proj) add
+    their bias after the product (`graph_ops.row_parallel`), the others in it."""
+    from ....kernels import cpu_linear
+
+    cut = cpu_linear.small_rows()
+    wanted = [n for n in rows if n > cut]
+    seen, runs = set(), 0
+    with torch.no_grad():
+        for layer in layers.layers:
+            bias_after = (layers.mixer(layer)[1], layer.mlp.down_proj)
+            for module in layers.projections(layer):
+                index = getattr(module, packed_linear.ATTR, None)
+                bias = None if any(module is m for m in bias_after) else module.bias
+                key = (tuple(module.weight.shape), module.weight.dtype, bias is not None)
+                if index is None or key in seen:
+                    continue
+                seen.add(key)
+                for n in wanted:
+                    x = module.weight.new_zeros(n, module.weight.shape[1])
+                    packed_linear.linear(x, module.weight, bias, index)
+                    runs += 1
+    return runs
 
 
 def build_kernels() -> float:
@@ -331,4 +366,4 @@ def after_load_model(result, runner, *args, **kwargs):
 
 
 __all__ = ["CompiledDraft", "CompiledTarget", "WARM_BATCH_CAP", "after_load_model", "build_kernels",
-           "around_capture_decode_graph", "refusal", "serving_rows", "serving_widths", "warm_shapes"]
+           "around_capture_decode_graph", "refusal", "serving_rows", "serving_widths", "warm_products", "warm_shapes"]
