@@ -103,7 +103,7 @@ CPU_ATTENTION = Group("cpu attention", Moment.SCHEDULER_START, "model-running pr
                       predicate="cpu.attention:wanted")
 CPU_FORWARD = Group("cpu compiled forward", Moment.SCHEDULER_START, "model-running processes",
                     "`--device cpu` with `--enable-torch-compile`", predicate="cpu.compiled.switches:compiled_step",
-                    prepare="cpu.compiled.switches:persistent_cache")
+                    prepare="cpu.compiled.switches:prepare")
 
 # hybrid replay (issue 21): rows in the `hybrid replay` block of PATCHES
 HYBRID_REPLAY = Group("hybrid replay", Moment.SCHEDULER_START, "schedulers",

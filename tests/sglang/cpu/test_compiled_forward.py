@@ -467,3 +467,44 @@ def test_in_float32_the_shape_warm_up_builds_every_onednn_kernel_the_packed_laye
         assert _onednn_kernels_built(capfd, lambda: compiled(hidden, positions, batch)) == 0, n
     hidden, positions = _inputs(5 * cut + 3, seed=1)   # a count no other test multiplies at
     assert _onednn_kernels_built(capfd, lambda: compiled(hidden, positions, batch)) > 0
+
+
+_ONEDNN_EVICTION = """
+import os, sys
+import torch
+from sglang_domino.sglang.cpu.compiled import switches
+switches.prepare()
+packed = torch.ops.mkldnn._reorder_linear_weight(torch.randn(16, 8), None)
+def product(rows):
+    torch.ops.mkldnn._linear_pointwise(torch.zeros(rows, 8), packed, None, "none", [], "")
+for rows in range(17, 17 + 600):   # 1200 kernels: past oneDNN's default cache of 1024
+    product(rows)
+sys.stdout.flush()
+with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON_CREATION):
+    product(17)                     # the first one built
+"""
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+@pytest.mark.parametrize("user", [None, "1024"], ids=["ours", "the user's"])
+def test_the_compiled_step_sizes_onednns_kernel_cache_for_its_warm_up_unless_the_user_did(tmp_path, user):
+    """`switches.prepare` (before a model-running process builds its model) raises oneDNN's
+    kernel cache above its default of 1024, which an adaptive server's warm-up overflows:
+    in a fresh process, 1200 kernels later the first one is still cached; a capacity the
+    user set is kept (and then the first one is built again)."""
+    import os
+    import subprocess
+    import sys
+
+    from sglang_domino.sglang.cpu.compiled import switches
+
+    env = {k: v for k, v in os.environ.items() if k != switches.ONEDNN_CACHE_ENV}
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path)
+    if user is not None:
+        env[switches.ONEDNN_CACHE_ENV] = user
+    done = subprocess.run([sys.executable, "-c", _ONEDNN_EVICTION], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    created = [line for line in done.stdout.splitlines() if ",primitive,create" in line and "inner_product" in line]
+    assert len(created) == 1, done.stdout[-2000:]
+    assert ("cache_hit" if user is None else "cache_miss") in created[0]

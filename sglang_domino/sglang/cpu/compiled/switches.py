@@ -61,12 +61,32 @@ def cache_dir() -> str:
 
 def persistent_cache(_server_args=None) -> str:
     """Point torch's compile cache at `cache_dir()` for this process (before its first
-    compile; SGLang's server entry does the same where it runs first); the directory. The
-    `cpu compiled forward` group's preparation (`hooks.install_moment`)."""
+    compile; SGLang's server entry does the same where it runs first); the directory."""
     path = cache_dir()
     os.environ[CACHE_ENV] = path
     os.makedirs(path, exist_ok=True)
     return path
+
+
+# oneDNN keeps the kernels it builds per matrix shape in one process-wide cache of 1024
+# entries by default, two per packed product and number of rows (the product and the matmul
+# it nests). The start-up warms every row count a server's decode steps use
+# (`forward.warm_shapes`): an adaptive-width Domino server's target alone fills the default
+# (4 products x 128 row counts x 2), and its draft's then evict the target's first ones,
+# which the first steps of those sizes build again. Sized for the largest warm-up
+# (`forward.WARM_BATCH_CAP` requests x 5 widths x 8 products x 2, target and draft) with
+# room for prefills; an entry costs only when a shape is built.
+ONEDNN_CACHE_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+ONEDNN_CACHE_CAPACITY = 8192
+
+
+def prepare(_server_args=None) -> str:
+    """The `cpu compiled forward` group's preparation (`hooks.install_moment`, before the
+    process builds its model): the compile cache (`persistent_cache`) and oneDNN's kernel
+    cache capacity, read once, when oneDNN first builds a kernel (a value the user set is
+    kept); the compile cache's directory."""
+    os.environ.setdefault(ONEDNN_CACHE_ENV, str(ONEDNN_CACHE_CAPACITY))
+    return persistent_cache()
 
 
 def allow_graphs() -> None:
@@ -116,6 +136,6 @@ def guarded_inputs(tensors, fresh_strides: bool = False) -> tuple:
                  else t for t in tensors)
 
 
-__all__ = ["CACHE_ENV", "FLAG", "Graph", "RECOMPILE_LIMIT", "allow_graphs", "cache_dir",
-           "compiled_step", "compiled_step_serving", "guarded_inputs", "persistent_cache",
+__all__ = ["CACHE_ENV", "FLAG", "Graph", "ONEDNN_CACHE_CAPACITY", "ONEDNN_CACHE_ENV", "RECOMPILE_LIMIT", "allow_graphs", "cache_dir",
+           "compiled_step", "compiled_step_serving", "guarded_inputs", "persistent_cache", "prepare",
            "set_compiled_step"]
