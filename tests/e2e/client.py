@@ -214,3 +214,18 @@ def check_compiled_before_serving(log: str, rollout_blocks: str | None = "16, 8,
     # (`get_masked_input_and_mask`) per kind of call, eager servers alike
     ours = [m for m in re.finditer(r"Recompiling function (\w+) in (\S+)", served) if "sglang_domino" in m.group(2)]
     assert not ours, served[ours[0].start() - 200:][:3000] if ours else ""
+    # with oneDNN's creation log on (ONEDNN_VERBOSE=profile_create): every kernel of the
+    # packed products built once (the start-up builds every decode step's row count; none
+    # evicted from oneDNN's cache and built again, while starting or serving)
+    from collections import Counter
+
+    built = Counter(onednn_kernels(log))
+    again = sorted(k for k, n in built.items() if n > 1)
+    assert not again, (len(built), again[:10])
+
+
+def onednn_kernels(log: str) -> list[str]:
+    """The matrix products oneDNN's creation log says it built (`mb<rows>ic<in>oc<out>`), in order."""
+    import re
+
+    return list(re.findall(r"create:cache_miss,cpu,inner_product,.*,(mb\d+ic\d+oc\d+),", log))

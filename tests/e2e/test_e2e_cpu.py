@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.e2e.client import (CHAT, HF_PROMPTS, MAX_TOKENS, PENALISED, PROMPTS, chat, check_compiled_before_serving,
-                              check_streams_and_abort, completion, generate_ids, generate_penalised,
+                              check_streams_and_abort, completion, generate_ids, generate_penalised, onednn_kernels,
                               transformers_spec)
 from tests.helpers import tiny
 from tests.helpers.servers import ADAPTIVE_LOG_EVERY, BLOCK, SPEC_CONFIGS, server_env
@@ -262,10 +262,14 @@ def test_compiled_forwards_and_rollout_compile_before_serving(spec):
     """With the layers and the rollout compiled, the target's, the draft's and the
     rollout's graphs are all compiled while the server starts: none is compiled while it
     serves (by now it has served one to eight streams at every adaptive width, prefills
-    of several lengths; dynamo logs any recompile once the forwards are warm)."""
+    of several lengths; dynamo logs any recompile once the forwards are warm); and oneDNN,
+    logging the kernels it builds, built none twice (none evicted from its cache)."""
     if "--enable-torch-compile" not in spec.config.flags:
         pytest.skip("eager forwards")
-    check_compiled_before_serving(spec.log())
+    log = spec.log()
+    check_compiled_before_serving(log)
+    if spec.config.env.get("ONEDNN_VERBOSE"):   # the check above read oneDNN's log: there is one
+        assert onednn_kernels(log), log[-3000:]
 
 
 def test_compiled_server_refuses_online_weight_updates(spec, models, expected):

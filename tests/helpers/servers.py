@@ -263,5 +263,7 @@ SPEC_CONFIGS = {config.name: config for config in [
     ServerConfig("domino_q_adaptive", "domino", "adaptive", flags=Q_RULE, env=Q_RULE_ENV),
     # the compiled CPU step: the target's and the draft's layers, the context write and the Domino
     # rollout under torch.compile (`--enable-torch-compile`, `cpu/compiled/forward.py`, `step/compiled_rollout.py`)
-    ServerConfig("domino_adaptive_compiled", "domino", "adaptive", flags=COMPILED),
+    # (oneDNN logs each kernel it builds: `check_compiled_before_serving` reads them)
+    ServerConfig("domino_adaptive_compiled", "domino", "adaptive", flags=COMPILED,
+                 env={"ONEDNN_VERBOSE": "profile_create"}),
 ]}
