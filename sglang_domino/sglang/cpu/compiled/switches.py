@@ -136,6 +136,6 @@ def guarded_inputs(tensors, fresh_strides: bool = False) -> tuple:
                  else t for t in tensors)
 
 
-__all__ = ["CACHE_ENV", "FLAG", "Graph", "ONEDNN_CACHE_CAPACITY", "ONEDNN_CACHE_ENV", "RECOMPILE_LIMIT", "allow_graphs", "cache_dir",
-           "compiled_step", "compiled_step_serving", "guarded_inputs", "persistent_cache", "prepare",
-           "set_compiled_step"]
+__all__ = ["CACHE_ENV", "FLAG", "Graph", "ONEDNN_CACHE_CAPACITY", "ONEDNN_CACHE_ENV", "RECOMPILE_LIMIT",
+           "allow_graphs", "cache_dir", "compiled_step", "compiled_step_serving", "guarded_inputs",
+           "persistent_cache", "prepare", "set_compiled_step"]
