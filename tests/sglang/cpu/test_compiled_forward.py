@@ -470,7 +470,7 @@ def test_in_float32_the_shape_warm_up_builds_every_onednn_kernel_the_packed_laye
 
 
 _ONEDNN_EVICTION = """
-import os, sys
+import sys
 import torch
 from sglang_domino.sglang.cpu.compiled import switches
 switches.prepare()

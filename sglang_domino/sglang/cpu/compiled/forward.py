@@ -279,8 +279,8 @@ def warm_products(layers: CompiledLayers, rows: list[int]) -> int:
     """Each distinct product of the packed projections of `layers` (weight shape, with or
     without a bias in it: oneDNN keys its kernels on shapes) at every row count of `rows`
     that goes through oneDNN (above `cpu_linear.small_rows()`), on zeros; how many
-    products were run. The row-parallel projections (the mixer's output, down_proj) add
-    their bias after the product (`graph_ops.row_parallel`), the others in it."""
+    products were run. The row-parallel projections (`CompiledLayers.row_parallel`) add
+    their bias after the product, the others in it."""
     from ....kernels import cpu_linear
 
     cut = cpu_linear.small_rows()
@@ -288,7 +288,7 @@ def warm_products(layers: CompiledLayers, rows: list[int]) -> int:
     seen, runs = set(), 0
     with torch.no_grad():
         for layer in layers.layers:
-            bias_after = (layers.mixer(layer)[1], layer.mlp.down_proj)
+            bias_after = layers.row_parallel(layer)
             for module in layers.projections(layer):
                 index = getattr(module, packed_linear.ATTR, None)
                 bias = None if any(module is m for m in bias_after) else module.bias

@@ -29,8 +29,7 @@ class CompiledLayers:
         self.layers = list(layers)
         self.attention = [self.mixer(layer)[0] for layer in self.layers]
         # (the mixer's output projection's, down_proj's) reduce group per layer (`reduce_group`)
-        self.reduce = [(graph_ops.reduce_group(self.mixer(layer)[1]), graph_ops.reduce_group(layer.mlp.down_proj))
-                       for layer in self.layers]
+        self.reduce = [tuple(graph_ops.reduce_group(m) for m in self.row_parallel(layer)) for layer in self.layers]
         self.final_norm = final_norm
         # two graphs per model (one row, many), the target's and the draft's on the same code
         self._compiled = Graph(self._forward)
@@ -40,6 +39,13 @@ class CompiledLayers:
     def mixer(layer):
         """Layer `layer`'s token mixer: (the module its opaque op calls, its output projection)."""
         return layer.self_attn.attn, layer.self_attn.o_proj
+
+    @classmethod
+    def row_parallel(cls, layer) -> tuple:
+        """Layer `layer`'s row-parallel projections, (the mixer's output projection,
+        down_proj): each reduced over its group and its bias added after the product
+        (`graph_ops.row_parallel`)."""
+        return cls.mixer(layer)[1], layer.mlp.down_proj
 
     @staticmethod
     def projections(layer) -> list:
