@@ -18,10 +18,12 @@ from tests.sglang.cpu.test_compiled_forward import HIDDEN, _inputs, _layers, _re
 
 @pytest.fixture
 def graphs_dir(tmp_path, monkeypatch):
-    """Saved graphs go to a fresh directory (inductor's own cache stays the suite's)."""
+    """A process serving the compiled step (graphs are compiled ahead there), its saved
+    graphs in a fresh directory (inductor's own cache stays the suite's)."""
     from sglang_domino.sglang.cpu.compiled import switches
 
     monkeypatch.setattr(switches, "cache_dir", lambda: str(tmp_path))
+    monkeypatch.setattr(switches._Process, "compiled", True)
     return tmp_path
 
 
@@ -131,6 +133,14 @@ def test_a_saved_graph_that_no_longer_holds_is_compiled_again(graphs_dir, monkey
     assert _run(x) == (1, 0)
     monkeypatch.setattr(package, "_hash_sourcelines", lambda *args: "changed")
     assert _run(x) == (0, 1)
+
+
+def test_outside_a_server_graphs_are_compiled_on_their_calls(tmp_path, monkeypatch):
+    from sglang_domino.sglang.cpu.compiled import switches
+
+    monkeypatch.setattr(switches, "cache_dir", lambda: str(tmp_path))
+    assert not switches.compiled_step_serving()
+    assert _run(torch.randn(3, 4)) == (0, 0) and _saved(tmp_path) == []
 
 
 def test_a_function_that_cannot_be_compiled_ahead_is_compiled_on_its_calls_with_a_warning(graphs_dir, caplog):

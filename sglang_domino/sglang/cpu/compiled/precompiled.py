@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import sys
+import uuid
 from typing import Optional
 
 import torch
@@ -173,6 +174,31 @@ def _load(path: str, fn, bound: tuple, args):
     return None
 
 
+_named: dict[str, int] = {}   # graphs compiled ahead in this process, by kind
+
+
+@contextlib.contextmanager
+def _stable_name(kind_name: str):
+    """Name the graph compiled ahead the same in every process (the n-th of its kind here):
+    dynamo names each one with a random uuid, which its graph's key in inductor's cache
+    takes in, so a graph compiled ahead never met one cached before (a server of another
+    kind, a new version of this package: every graph compiled from scratch, 30 s and more
+    for the test bed's target on a 2-core EPYC). Names stay unique within a process, the
+    form dynamo checks (`__compiled_fn_<n>_<uuid>`) kept."""
+    from torch._dynamo import output_graph
+
+    n = _named.get(kind_name, 0)
+    _named[kind_name] = n + 1
+    stable = uuid.uuid5(uuid.NAMESPACE_OID, f"sglang-domino {kind_name} {n}")
+    name = f"__compiled_fn_{n}_{str(stable).replace('-', '_')}"
+    original = output_graph.make_compiled_fn_name
+    output_graph.make_compiled_fn_name = lambda: name
+    try:
+        yield
+    finally:
+        output_graph.make_compiled_fn_name = original
+
+
 def _saved(directory: str) -> list[str]:
     try:
         names = [n for n in os.listdir(directory) if n.endswith(".graph")]
@@ -211,7 +237,9 @@ def _adopt(fn, bound: tuple, args, cache: str):
                 os.utime(path)   # kept as the newest of its kind
             return graph
     guards = _GuardFilter()
-    graph = torch.compile(fn, dynamic=True, fullgraph=True, options={"guard_filter_fn": guards}).aot_compile((args, {}))
+    with _stable_name(os.path.basename(directory)):
+        graph = torch.compile(fn, dynamic=True, fullgraph=True,
+                              options={"guard_filter_fn": guards}).aot_compile((args, {}))
     Stats.compiled += 1
     try:
         os.makedirs(directory, exist_ok=True)

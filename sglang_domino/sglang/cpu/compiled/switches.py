@@ -104,11 +104,14 @@ class _Unpickled:
 
 
 class Graph:
-    """A compiled function, `fn` a bound method, its graphs compiled ahead of their first
-    call and kept across restarts (`precompiled.adopt`: one graph per call kind, dynamic in
-    the rows of a step, one row apart) and checked by their guards before every call, as
-    dynamo checks its own; past RECOMPILE_LIMIT graphs, or where a graph cannot be
-    compiled ahead (a graph break), `torch.compile(fn, dynamic=True)` serves the call.
+    """A compiled function (`fn`, a bound method where it has one). In a process serving
+    the compiled step (a server: `set_compiled_step`) its graphs are compiled ahead of
+    their first call and kept across restarts (`precompiled.adopt`: one graph per call
+    kind, dynamic in the rows of a step, one row apart) and checked by their guards before
+    every call, as dynamo checks its own. Elsewhere (graphs built by hand, as the unit tests
+    do: compiled ahead, a graph cannot reuse inductor's cache, which those tests share), past
+    RECOMPILE_LIMIT graphs, or where a graph cannot be compiled ahead (a graph break),
+    `torch.compile(fn, dynamic=True)` serves the call.
 
     Traced with the floats it reads off modules specialized as constants. Dynamo otherwise
     lifts each such float (every RMSNorm's `variance_epsilon`: 25 in the test bed's target)
@@ -154,7 +157,7 @@ class Graph:
         config = torch._dynamo.config
         previous, config.specialize_float = config.specialize_float, True
         try:
-            if self._ahead and len(self._graphs) < RECOMPILE_LIMIT:
+            if self._ahead and compiled_step_serving() and len(self._graphs) < RECOMPILE_LIMIT:
                 graph = self._adopt(args)
                 if graph is not None:
                     return graph.fn(*bound, *args)
@@ -163,17 +166,16 @@ class Graph:
             config.specialize_float = previous
 
     def _adopt(self, args):
-        from torch._dynamo.exc import PackageError, Unsupported, UserError
-
         from . import precompiled
 
         try:
             graph = precompiled.adopt(self._fn, self._bound, args, cache_dir())
-        except (Unsupported, UserError, PackageError) as exc:   # a graph break, guards that cannot be saved
-            # torch.compile's graphs serve this function from now on
+        except Exception as exc:   # a graph break, guards that cannot be saved, torch's own limits:
+            # torch.compile's graphs serve this function from now on (an error of the code
+            # itself is raised again there)
             self._ahead = False
-            logger.warning("%s: %s is compiled on its first calls, not ahead (%s: %s)", FLAG,
-                                                self._fn.__qualname__, type(exc).__name__, exc)
+            logger.warning("%s: %s is compiled on its first calls, not ahead (%s: %s)", FLAG, self._fn.__qualname__,
+                           type(exc).__name__, exc)
             return None
         self._graphs.insert(0, graph)
         return graph
