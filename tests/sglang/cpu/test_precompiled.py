@@ -159,3 +159,18 @@ def test_a_function_that_cannot_be_compiled_ahead_is_compiled_on_its_calls_with_
         torch.testing.assert_close(graph(-x), -x - 1)
     assert "is compiled on its first calls, not ahead" in caplog.text
     assert caplog.text.count("not ahead") == 1 and _saved(graphs_dir) == []
+
+
+def test_the_code_digest_reads_only_the_packages_own_sources():
+    """A checkout's root holds virtual environments (tens of thousands of sources): the
+    digest a saved graph is filed under reads the package's folder and its kernels only."""
+    import sglang_domino
+    import sglang_domino.kernels as kernels
+    from sglang_domino.sglang.cpu.compiled import precompiled
+
+    roots = [os.path.dirname(sglang_domino.__file__), *kernels.__path__]
+    sources = precompiled.package_sources()
+    assert os.path.abspath(precompiled.__file__) in sources
+    assert any(path.endswith("cpu_linear.cpp") for path in sources)
+    assert all(any(path.startswith(os.path.abspath(root) + os.sep) for root in roots) for path in sources)
+    assert not any("__pycache__" in path for path in sources)

@@ -53,28 +53,42 @@ def since(before: tuple[int, int]) -> str:
     return f"{loaded} graph{'s' * (loaded != 1)} loaded, {compiled} compiled ahead"
 
 
+def package_sources() -> list[str]:
+    """This package's sources, `sglang_domino` and its kernels (which install from the
+    repository's `kernels/`). Only the package's own folders: a checkout's root also holds
+    virtual environments, whose tens of thousands of sources took 10-15 s to read in every
+    server process."""
+    import sglang_domino
+    from .... import kernels
+
+    roots = {os.path.dirname(os.path.abspath(sglang_domino.__file__)), *map(os.path.abspath, kernels.__path__)}
+    paths = []
+    for root in sorted(roots):
+        for folder, dirs, files in os.walk(root):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            paths += [os.path.join(folder, f) for f in files if f.endswith((".py", ".cpp"))]
+    return sorted(set(paths))
+
+
 @functools.cache
 def _package_digest() -> str:
-    """A digest of this package's source: a graph saved by other code is not used (dynamo
+    """A digest of this package's sources: a graph saved by other code is not used (dynamo
     checksums the lines it traced, not the module constants they read)."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     digest = hashlib.sha256()
-    for folder, dirs, files in sorted(os.walk(root)):
-        dirs.sort()
-        for name in sorted(f for f in files if f.endswith((".py", ".cpp"))):
-            with open(os.path.join(folder, name), "rb") as fh:
-                digest.update(name.encode() + fh.read())
+    for path in package_sources():
+        with open(path, "rb") as fh:
+            digest.update(os.path.basename(path).encode() + fh.read())
     return digest.hexdigest()
 
 
-def kind(fn, args) -> str:
-    """The directory name of `fn`'s graphs for a call with `args`: the function, the code,
-    versions and CPU they are built for, and what a graph is specialized on that its saved
-    guards would not tell apart (the modes, one row or many, the arguments' dtypes and
-    the numbers among them, whether the kernel library's linear op is there)."""
+def _call(fn, args) -> list[str]:
+    """What a graph of `fn` for a call with `args` is built for and specialized on that
+    its saved guards would not tell apart: versions, CPU, the function, the modes, one
+    row or many, the arguments' dtypes and the numbers among them, whether the kernel
+    library's linear op is there."""
     from ....kernels import cpu_linear
 
-    parts = [torch.__version__, sys.version.split()[0], torch.backends.cpu.get_cpu_capability(), _package_digest(),
+    parts = [torch.__version__, sys.version.split()[0], torch.backends.cpu.get_cpu_capability(),
              f"{fn.__module__}.{fn.__qualname__}", f"linear op {cpu_linear.available()}",
              f"grad {torch.is_grad_enabled()} inference {torch.is_inference_mode_enabled()}"]
     for a in args:
@@ -82,7 +96,17 @@ def kind(fn, args) -> str:
             parts.append(f"{a.dtype} {a.dim()} {'one' if a.dim() and a.shape[0] == 1 else 'many'}")
         else:
             parts.append(repr(a))
+    return parts
+
+
+def _digest(parts: list[str]) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
+
+
+def kind(fn, args) -> str:
+    """The directory name of `fn`'s graphs for a call with `args`: the call's kind
+    (`_call`) and this package's code."""
+    return _digest([*_call(fn, args), _package_digest()])
 
 
 # guards dynamo drops to save a graph that check only which object a name is (no object of
@@ -179,12 +203,14 @@ _named: dict[str, int] = {}   # graphs compiled ahead in this process, by kind
 
 @contextlib.contextmanager
 def _stable_name(kind_name: str):
-    """Name the graph compiled ahead the same in every process (the n-th of its kind here):
-    dynamo names each one with a random uuid, which its graph's key in inductor's cache
-    takes in, so a graph compiled ahead never met one cached before (a server of another
-    kind, a new version of this package: every graph compiled from scratch, 30 s and more
-    for the test bed's target on a 2-core EPYC). Names stay unique within a process, the
-    form dynamo checks (`__compiled_fn_<n>_<uuid>`) kept."""
+    """Name the graph compiled ahead the same in every process (the n-th of its call kind
+    here, `_call`): dynamo names each one with a random uuid, which its graph's key in
+    inductor's cache takes in, so a graph compiled ahead never met one cached before
+    (every graph compiled from scratch, 30 s and more for the test bed's target on a
+    2-core EPYC). The name leaves this package's code out: servers of other options, and
+    a new version of the package, meet inductor's cache for every graph they trace the
+    same (the key holds the graph itself). Names stay unique within a process, the form
+    dynamo checks (`__compiled_fn_<n>_<uuid>`) kept."""
     from torch._dynamo import output_graph
 
     n = _named.get(kind_name, 0)
@@ -237,7 +263,7 @@ def _adopt(fn, bound: tuple, args, cache: str):
                 os.utime(path)   # kept as the newest of its kind
             return graph
     guards = _GuardFilter()
-    with _stable_name(os.path.basename(directory)):
+    with _stable_name(_digest(_call(fn, args))):
         graph = torch.compile(fn, dynamic=True, fullgraph=True,
                               options={"guard_filter_fn": guards}).aot_compile((args, {}))
     Stats.compiled += 1
@@ -259,4 +285,4 @@ def _adopt(fn, bound: tuple, args, cache: str):
     return graph
 
 
-__all__ = ["DIR", "KEPT", "Stats", "adopt", "kind", "since", "tally"]
+__all__ = ["DIR", "KEPT", "Stats", "adopt", "kind", "package_sources", "since", "tally"]
