@@ -31,7 +31,8 @@ import pkgutil
 
 # the vocabulary and the groups, read as `hooks.X` by the code that installs a group
 from .manifest import (ADAPTIVE_METRICS, B8_RESERVATION, B8_STATE, CHECKPOINT_COMPAT, CPU_ATTENTION, CPU_DFLASH,
-                       CPU_DISAGGREGATION, CPU_ENGINE, CPU_FORWARD, CPU_PROCESS, CPU_STANDIN, DISAGGREGATION,
+                       CPU_DISAGGREGATION, CPU_ENGINE, CPU_FORWARD, CPU_MODELS, CPU_PROCESS, CPU_STANDIN,
+                       DISAGGREGATION,
                        DOMINO_ROLLOUT, EVERY_PROCESS, GROUPS, HOOK_KINDS, HYBRID_REPLAY, INSTALLED_BY_GROUP,
                        PENALTIES, PLATFORM, RESOLVE, RUNNING_REQUESTS, STEP, WORKER, Dependency, Group, Kind, Moment,
                        Patch, resolve)
@@ -121,7 +122,8 @@ def resolve_target(target: str):
 
 
 __all__ = ["ADAPTIVE_METRICS", "B8_RESERVATION", "B8_STATE", "CHECKPOINT_COMPAT", "CPU_ATTENTION", "CPU_DFLASH",
-           "CPU_DISAGGREGATION", "CPU_ENGINE", "CPU_FORWARD", "CPU_PROCESS", "CPU_STANDIN", "DEPENDS", "DISAGGREGATION",
+           "CPU_DISAGGREGATION", "CPU_ENGINE", "CPU_FORWARD", "CPU_MODELS", "CPU_PROCESS", "CPU_STANDIN", "DEPENDS",
+           "DISAGGREGATION",
            "DOMINO_ROLLOUT", "EVERY_PROCESS", "GROUPS", "HOOK_KINDS", "HYBRID_REPLAY", "INSTALLED_BY_GROUP", "PATCHES",
            "PENALTIES", "PLATFORM", "RESOLVE", "RUNNING_REQUESTS", "STEP", "WIDTH_STATE", "WORKER", "Dependency",
            "Group", "Kind", "Moment", "Patch", "always", "install", "install_group", "install_moment", "installed",

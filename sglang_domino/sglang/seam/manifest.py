@@ -74,6 +74,8 @@ EVERY_PROCESS = Group("every process", Moment.REGISTER, "every SGLang process", 
                       predicate="seam.hooks:always")
 CPU_ENGINE = Group("cpu engine", Moment.REGISTER, "every SGLang process", "`--device cpu` (SGLANG_USE_CPU_ENGINE=1)",
                    predicate="cpu.platform:cpu_engine_on")
+CPU_MODELS = Group("cpu model registry", Moment.SCHEDULER_START, "model-running processes", "`--device cpu`",
+                   predicate="cpu.platform:cpu_engine_on")
 CPU_STANDIN = Group("cpu stand-in", Moment.SCHEDULER_START, "model-running processes",
                     "the `sgl_kernel` stand-in is serving", predicate="cpu.hybrid.runtime:standin_serving")
 CHECKPOINT_COMPAT = Group("checkpoint compat", Moment.WORKER_BEFORE, "schedulers", "always",
@@ -118,7 +120,8 @@ RUNNING_REQUESTS = Group("running requests", Moment.SCHEDULER_START, "schedulers
 CPU_PROCESS = Group("cpu process settings", Moment.SCHEDULER_START, "model-running processes",
                     "as stated per row (done by the code the row names)")
 
-GROUPS = (EVERY_PROCESS, CPU_ENGINE, CPU_STANDIN, CHECKPOINT_COMPAT, CPU_DFLASH, DOMINO_ROLLOUT, B8_RESERVATION,
+GROUPS = (EVERY_PROCESS, CPU_ENGINE, CPU_MODELS, CPU_STANDIN, CHECKPOINT_COMPAT, CPU_DFLASH, DOMINO_ROLLOUT,
+          B8_RESERVATION,
           WORKER, STEP, RESOLVE, PLATFORM, DISAGGREGATION, CPU_DISAGGREGATION, B8_STATE, CPU_ATTENTION, CPU_FORWARD,
           ADAPTIVE_METRICS, PENALTIES,
           HYBRID_REPLAY, RUNNING_REQUESTS, CPU_PROCESS)

@@ -5,7 +5,8 @@ every row against the installed SGLang)."""
 from __future__ import annotations
 
 from .manifest import (ADAPTIVE_METRICS, B8_RESERVATION, B8_STATE, CHECKPOINT_COMPAT, CPU_ATTENTION, CPU_DFLASH,
-                       CPU_DISAGGREGATION, CPU_ENGINE, CPU_FORWARD, CPU_STANDIN, DISAGGREGATION, DOMINO_ROLLOUT,
+                       CPU_DISAGGREGATION, CPU_ENGINE, CPU_FORWARD, CPU_MODELS, CPU_STANDIN, DISAGGREGATION,
+                       DOMINO_ROLLOUT,
                        CPU_PROCESS, EVERY_PROCESS, HYBRID_REPLAY, PENALTIES, PLATFORM, RESOLVE, RUNNING_REQUESTS,
                        STEP, WORKER, Kind, Patch, _S, _W2)
 
@@ -72,7 +73,8 @@ PATCHES: tuple[Patch, ...] = (
           params=("use_pynccl", "use_custom_allreduce")),
     Patch("scheduler_start", f"{_S}.distributed.bootstrap.init_parallel_runtime",
           "seam.scheduler_start:before_init_parallel_runtime_on_cpu", Kind.BEFORE, CPU_ENGINE,
-          "installs the `cpu stand-in` and `cpu attention` groups in the processes that run a model"),
+          "installs the `cpu model registry`, `cpu stand-in` and `cpu attention` groups in the processes that run "
+          "a model"),
     Patch("fork_schedulers", f"{_S}.entrypoints.engine.Engine._launch_scheduler_processes",
           "cpu.start_method:around_launch_schedulers", Kind.AROUND, CPU_ENGINE,
           "the scheduler processes forked, not spawned, where a forked probe shows it safe: they start with "
@@ -97,6 +99,19 @@ PATCHES: tuple[Patch, ...] = (
           params=("mamba_caches", "state_indices_tensor", "last_correct_step_indices", "mamba_track_indices",
                   "mamba_steps_to_track", "src_indices_raw")),
     # -- model-running CPU processes: torch_native attention batched --------------------
+    # -- model-running CPU processes: the model registry imports the served models only --------
+    Patch("models_deferred", f"{_S}.models.registry.ModelRegistry",
+          "cpu.model_registry:defer_default_models", Kind.CALL, CPU_MODELS,
+          "the registry imported with SGLang's ~200 model modules deferred (0.5.23's mode for an external "
+          "model package, given one without models): 2.1 s of a 2-core scheduler start"),
+    Patch("models_arch_supported", f"{_S}.models.registry._ModelRegistry.is_arch_supported",
+          "cpu.model_registry:around_is_arch_supported", Kind.AROUND, CPU_MODELS,
+          "an architecture asked about is imported from the module that defines it; else 0.5.23's import of all",
+          params=("architecture",)),
+    Patch("models_resolve", f"{_S}.models.registry._ModelRegistry.resolve_model_cls",
+          "cpu.model_registry:around_resolve_model_cls", Kind.AROUND, CPU_MODELS,
+          "the architecture resolved is imported from the module that defines it; else 0.5.23's import of all",
+          params=("architectures",)),
     Patch("cpu_attention_decode",
           f"{_S}.layers.attention.torch_native_backend.TorchNativeAttnBackend._run_sdpa_forward_decode",
           "cpu.attention:around_sdpa_forward_decode", Kind.AROUND, CPU_ATTENTION,

@@ -89,6 +89,7 @@ def _install_every_group() -> dict:
     after_load = hooks.installed()
     standin = hooks.install_group(hooks.CPU_STANDIN)
     hooks.install_group(hooks.CPU_ATTENTION)
+    hooks.install_group(hooks.CPU_MODELS)
     for group in (hooks.CHECKPOINT_COMPAT, hooks.CPU_DFLASH, hooks.DOMINO_ROLLOUT, hooks.B8_RESERVATION):
         hooks.install(group)
     again = hooks.install(hooks.CPU_DFLASH)
