@@ -8,7 +8,9 @@ first token of one request, for the test bed's Domino server eager and with
 
 The compile cache is warmed by one unrecorded start of each compiled server first: every
 recorded start is a restart on a warm cache, what a user gets from the second start on.
-The servers take turns (reversed every other round), one at a time.
+The servers take turns (reversed every other round), one at a time. Each round also times
+a fresh interpreter importing `sglang.srt.entrypoints.http_server` and nothing else, what
+`sglang serve` imports before it logs anything: the floor under every start, 0.5.23's own.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import json
 import os
 import re
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -40,6 +44,8 @@ LOG_TIMES = {"target graphs": r"the target's \d+ layers compiled in ([\d.]+) s",
              "draft graphs": r"the draft's \d+ layers compiled in ([\d.]+) s",
              "rollout graphs": r"the compiled Domino rollout at blocks \[[\d, ]+\] in ([\d.]+) s"}
 START_METHOD = r"sglang-domino: the CPU scheduler processes (forked|spawned)"
+SCHEDULER = r"scheduler_e2e=([\d.]+)"   # 0.5.23's own start-up line: the scheduler's start, in s
+IMPORT = "import sglang.srt.entrypoints.http_server"
 
 
 def server_args(flags: tuple[str, ...]) -> list[str]:
@@ -59,7 +65,16 @@ def read_log(text: str) -> dict:
     found = {name: float(m.group(1)) for name, pattern in LOG_TIMES.items() if (m := re.search(pattern, text))}
     method = re.search(START_METHOD, text)
     found["children"] = method.group(1) if method else "not logged"
+    if scheduler := re.search(SCHEDULER, text):
+        found["scheduler_s"] = float(scheduler.group(1))
     return found
+
+
+def import_once() -> float:
+    """Seconds a fresh interpreter takes to import what `sglang serve` imports first."""
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", IMPORT], check=True, capture_output=True)
+    return round(time.perf_counter() - t0, 2)
 
 
 def start_once(name: str, logs: str, tag: str) -> dict:
@@ -91,14 +106,23 @@ def summarize(runs: dict) -> str:
     lines = [f"# Start-up of the test bed's Domino server ({runs['cpu']}, {runs['date']})", "",
              f"Command: `{runs['command']}`; commit {runs['commit']}. Each server started {runs['rounds']} times, "
              "taking turns, on a warm compile cache; seconds from the command.", "",
-             "| server | to /health (median) | to the first token (median) | starts to /health | children |",
-             "|---|---|---|---|---|"]
+             "| server | to /health (median) | to the first token (median) | starts to /health | "
+             "scheduler's own start (median) | children |",
+             "|---|---|---|---|---|---|"]
     for name in runs["configs"]:
         mine = [s for s in starts if s["config"] == name]
         health = [s["health_s"] for s in mine]
+        scheduler = [s["scheduler_s"] for s in mine if "scheduler_s" in s]
         lines.append(f"| {name} | {statistics.median(health):.1f} | "
                      f"{statistics.median(s['first_token_s'] for s in mine):.1f} | "
-                     f"{', '.join(f'{h:.1f}' for h in health)} | {', '.join(sorted({s['children'] for s in mine}))} |")
+                     f"{', '.join(f'{h:.1f}' for h in health)} | "
+                     f"{f'{statistics.median(scheduler):.1f}' if scheduler else '-'} | "
+                     f"{', '.join(sorted({s['children'] for s in mine}))} |")
+    if runs.get("imports"):
+        lines += ["", f"`python -c \"{IMPORT}\"` alone (what `sglang serve` imports before its first log line; "
+                  f"no server): median {statistics.median(runs['imports']):.1f} s "
+                  f"({', '.join(f'{t:.1f}' for t in runs['imports'])}). The scheduler's own start is 0.5.23's "
+                  "`scheduler_e2e` of its start-up timings line."]
     compiled = [s for s in starts if "target graphs" in s]
     if compiled:
         lines += ["", "Graphs of the compiled starts (their logs, median s): " + ", ".join(
@@ -121,12 +145,14 @@ def main() -> int:
     else:
         info = machine()
         runs = {"cpu": cpu_label(info), "machine": info, "commit": git_commit(), "date": time.strftime("%Y-%m-%d"),
-                "rounds": args.rounds, "configs": args.configs, "starts": [],
+                "rounds": args.rounds, "configs": args.configs, "starts": [], "imports": [],
                 "command": "sglang serve " + " ".join(server_args(())).replace(TESTBED, os.path.relpath(TESTBED))}
         with tempfile.TemporaryDirectory(prefix="startup-logs-") as logs:
             for name in sorted({n for n in args.configs if CONFIGS[n][0]}):   # warm the compile cache, unrecorded
                 start_once(name, logs, "warm-" + name.replace(", ", "-"))
             for r in range(args.rounds):
+                runs["imports"].append(import_once())
+                print(json.dumps({"import_s": runs["imports"][-1]}), flush=True)
                 for name in (args.configs if r % 2 == 0 else args.configs[::-1]):
                     runs["starts"].append(start_once(name, logs, f"round{r}-" + name.replace(", ", "-")))
                     print(json.dumps(runs["starts"][-1]), flush=True)
