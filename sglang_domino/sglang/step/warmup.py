@@ -143,7 +143,6 @@ def warm_cpu_rollout(worker, blocks: Sequence[int]) -> list[tuple[int, int]]:
     each costs seconds, and an adaptive server prices the width whose step paid them from
     that step. Returns the (block, batch size) calls made; none when the step is not
     compiled. A rollout the compiled step cannot run is refused here, at start-up."""
-    from ..cpu.compiled import precompiled
     from . import compiled_rollout as cpu_rollout
     from ..cpu.compiled.switches import compiled_step_serving
 
@@ -176,7 +175,7 @@ def warm_cpu_rollout(worker, blocks: Sequence[int]) -> list[tuple[int, int]]:
                     lm_head_num_org=int(shard.num_org_elements),
                     lm_head_num_org_padded=int(shard.num_org_elements_padded))
     calls: list[tuple[int, int]] = []
-    tic, graphs = time.perf_counter(), precompiled.tally()
+    tic = time.perf_counter()
     for block in sorted({int(b) for b in blocks if int(b) > 1}, reverse=True):
         for bs in (1, 2):
             hidden = torch.zeros((bs, block, hidden_size), dtype=draft.prefix_gru.weight_ih_l0.dtype, device=device)
@@ -188,9 +187,8 @@ def warm_cpu_rollout(worker, blocks: Sequence[int]) -> list[tuple[int, int]]:
             cpu_rollout.greedy_rollout(weight, **kwargs)
             calls.append((block, bs))
     if calls:
-        logger.info("sglang-domino warm-up: the compiled Domino rollout at blocks %s in %.1f s (%s)",
-                    sorted({b for b, _ in calls}, reverse=True), time.perf_counter() - tic,
-                    precompiled.since(graphs))
+        logger.info("sglang-domino warm-up: the compiled Domino rollout at blocks %s in %.1f s",
+                    sorted({b for b, _ in calls}, reverse=True), time.perf_counter() - tic)
     return calls
 
 

@@ -40,7 +40,7 @@ from typing import Optional
 
 import torch
 
-from . import hybrid, packed_linear, precompiled, switches
+from . import hybrid, packed_linear, switches
 from .layers import CompiledLayers
 from .switches import FLAG
 
@@ -347,7 +347,6 @@ def after_load_model(result, runner, *args, **kwargs):
     packed, packed_bytes = compiled.pack()
     packed_linear.declare(model, packed, packed_bytes)
     dtype = next(model.parameters()).dtype
-    graphs = precompiled.tally()
     # the draft is called in inference mode, the target without
     seconds = compiled.layers.warm(dtype, model.config.hidden_size, inference=draft)
     rows = serving_rows(runner.server_args, draft)
@@ -360,10 +359,9 @@ def after_load_model(result, runner, *args, **kwargs):
         seconds += hybrid.warm_delta_rule(model, serving_widths(runner.server_args, draft), dtype)
     # a graph compiled after this is a missed warm-up: the log says which guard failed
     torch._logging.set_logs(recompiles=True)
-    logger.info("%s: the %s's %d layers compiled in %.1f s (%s), %d projections packed for oneDNN (%.1f MB), "
+    logger.info("%s: the %s's %d layers compiled in %.1f s, %d projections packed for oneDNN (%.1f MB), "
                 "CPU kernels ready in %.1f s (compile cache %s)", FLAG, kind, len(compiled.layers.layers),
-                seconds, precompiled.since(graphs), packed, packed_bytes / 2**20, kernel_seconds,
-                switches.cache_dir())
+                seconds, packed, packed_bytes / 2**20, kernel_seconds, switches.cache_dir())
     return result
 
 

@@ -9,10 +9,7 @@ switches that once selected it are refused with a message naming the flag
 
 from __future__ import annotations
 
-import logging
 import os
-
-logger = logging.getLogger(__name__)
 
 # graphs one compiled function may hold: the compiled rollout keeps two per block length
 # (up to 5 block lengths with the adaptive widths and the window), the compiled layers four
@@ -99,86 +96,31 @@ def allow_graphs() -> None:
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
 
 
-class _Unpickled:
-    """What a Graph pickles as (`Graph.__reduce__`)."""
-
-
 class Graph:
-    """A compiled function (`fn`, a bound method where it has one). In a process serving
-    the compiled step (a server: `set_compiled_step`) its graphs are compiled ahead of
-    their first call and kept across restarts (`precompiled.adopt`: one graph per call
-    kind, dynamic in the rows of a step, one row apart) and checked by their guards before
-    every call, as dynamo checks its own. Elsewhere (graphs built by hand, as the unit tests
-    do: compiled ahead, a graph cannot reuse inductor's cache, which those tests share), past
-    RECOMPILE_LIMIT graphs, or where a graph cannot be compiled ahead (a graph break),
-    `torch.compile(fn, dynamic=True)` serves the call.
-
-    Traced with the floats it reads off modules specialized as constants. Dynamo otherwise
-    lifts each such float (every RMSNorm's `variance_epsilon`: 25 in the test bed's target)
-    into a graph input, a 0-d tensor built from the float on every call: on a 2-core AMD
-    EPYC Zen 3 that bytecode took about 0.17 ms a call, 0.014 ms specialized. Only tracing
-    reads the setting, so it is set around each call rather than for the process, where
-    upstream's own compiled functions would specialize their float arguments too (a graph
-    per value)."""
+    """`torch.compile(fn, dynamic=True)` (its graphs held up to RECOMPILE_LIMIT), traced
+    with the floats it reads off modules specialized as constants. Dynamo otherwise lifts
+    each such float (every RMSNorm's `variance_epsilon`: 25 in the test bed's target) into
+    a graph input, a 0-d tensor built from the float on every call: on a 2-core AMD EPYC
+    Zen 3 that bytecode took about 0.17 ms a call, 0.014 ms specialized. Only tracing reads
+    the setting, so it is set around each call rather than for the process, where
+    upstream's own compiled functions would specialize their float arguments too (a
+    graph per value)."""
 
     def __init__(self, fn):
         import torch
 
         allow_graphs()
-        self._fn = fn
-        self._bound = (fn.__self__,) if hasattr(fn, "__self__") else ()   # a graph's leading argument
-        self._graphs: list = []   # precompiled.adopt's, the most recently used first
         self._compiled = torch.compile(fn, dynamic=True)
-        self._ahead = True   # False once a graph could not be compiled ahead
-
-    def __reduce__(self):
-        # a graph saved ahead pickles with its guards the object `fn` is bound to, and so
-        # this Graph, which the traced code never reads and which holds what cannot be
-        # pickled (the graphs themselves): it pickles as an empty stand-in
-        return (_Unpickled, ())
-
-    def graphs(self) -> int:
-        """Graphs compiled or loaded so far: ahead of their call, and by `torch.compile`
-        (its count is that of every function on this code: the target's and the draft's
-        layers share theirs)."""
-        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-
-        return len(self._graphs) + len(_debug_get_cache_entry_list(getattr(self._fn, "__func__", self._fn).__code__))
 
     def __call__(self, *args):
         import torch._dynamo
 
-        bound = self._bound
-        for i, graph in enumerate(self._graphs):
-            if graph.guard_check(*bound, *args):
-                if i:
-                    self._graphs.insert(0, self._graphs.pop(i))
-                return graph.fn(*bound, *args)
         config = torch._dynamo.config
         previous, config.specialize_float = config.specialize_float, True
         try:
-            if self._ahead and compiled_step_serving() and len(self._graphs) < RECOMPILE_LIMIT:
-                graph = self._adopt(args)
-                if graph is not None:
-                    return graph.fn(*bound, *args)
             return self._compiled(*args)
         finally:
             config.specialize_float = previous
-
-    def _adopt(self, args):
-        from . import precompiled
-
-        try:
-            graph = precompiled.adopt(self._fn, self._bound, args, cache_dir())
-        except Exception as exc:   # a graph break, guards that cannot be saved, torch's own limits:
-            # torch.compile's graphs serve this function from now on (an error of the code
-            # itself is raised again there)
-            self._ahead = False
-            logger.warning("%s: %s is compiled on its first calls, not ahead (%s: %s)", FLAG, self._fn.__qualname__,
-                           type(exc).__name__, exc)
-            return None
-        self._graphs.insert(0, graph)
-        return graph
 
 
 def guarded_inputs(tensors, fresh_strides: bool = False) -> tuple:
