@@ -107,6 +107,8 @@ QUESTIONS = {
     "sglang-testbed-t1.0": "Sampled at T=1.0, point-mass vs q rule: speed at c1/c4?",
     "speed-factor-runaway-fp32": "fp32: the first speed-tracking try, which ran away (dropped)?",
     "startup-epyc-2026-12-06": "A warm restart's seconds: children forked vs spawned, eager vs compiled?",
+    "startup-epyc-zen3-2026-12-07": "A warm restart's seconds, eager vs compiled, beside SGLang's own import, "
+                                    "on the Zen 3?",
     "testbed-corpus-pilot.json": "Which corpus to train the test bed's target on?",
     "testbed.json": "Test bed acceptance per temperature, width and rule, and speed (records)?",
     "testbed.md": "Test bed acceptance per temperature, width and rule, and speed (Transformers)?",
