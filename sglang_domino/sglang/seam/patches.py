@@ -98,7 +98,6 @@ PATCHES: tuple[Patch, ...] = (
           "the accepted position's recurrent state committed after a verify; upstream's raises for CPU tensors",
           params=("mamba_caches", "state_indices_tensor", "last_correct_step_indices", "mamba_track_indices",
                   "mamba_steps_to_track", "src_indices_raw")),
-    # -- model-running CPU processes: torch_native attention batched --------------------
     # -- model-running CPU processes: the model registry imports the served models only --------
     Patch("models_deferred", f"{_S}.models.registry.ModelRegistry",
           "cpu.model_registry:defer_default_models", Kind.CALL, CPU_MODELS,
@@ -112,6 +111,7 @@ PATCHES: tuple[Patch, ...] = (
           "cpu.model_registry:around_resolve_model_cls", Kind.AROUND, CPU_MODELS,
           "the architecture resolved is imported from the module that defines it; else 0.5.23's import of all",
           params=("architectures",)),
+    # -- model-running CPU processes: torch_native attention batched --------------------
     Patch("cpu_attention_decode",
           f"{_S}.layers.attention.torch_native_backend.TorchNativeAttnBackend._run_sdpa_forward_decode",
           "cpu.attention:around_sdpa_forward_decode", Kind.AROUND, CPU_ATTENTION,
