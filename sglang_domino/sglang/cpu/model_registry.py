@@ -21,6 +21,7 @@ registry` group), before anything there imports the registry; a user's own
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import os
@@ -33,6 +34,7 @@ REGISTRY = "sglang.srt.models.registry"
 MODELS = "sglang.srt.models"
 EXTERNAL = "SGLANG_EXTERNAL_MODEL_PACKAGE"
 NO_MODELS = "sglang_domino.sglang.cpu.no_models"
+_CLASS = re.compile(r"^class (\w+)\(", re.MULTILINE)
 
 
 class State:
@@ -53,23 +55,29 @@ def defer_default_models() -> None:
     State.deferred = True
 
 
-def defining_modules(architecture: str) -> list[str]:
-    """The SGLang model modules that define a class named `architecture` (their source read,
-    not imported)."""
+@functools.cache
+def _classes() -> dict[str, list[str]]:
+    """Every class SGLang's model modules define at top level -> those modules, from their
+    sources (read once a process, about 50 ms on the Zen 3; nothing imported)."""
     package = importlib.import_module(MODELS)
-    pattern = re.compile(rf"^class {re.escape(architecture)}\(", re.MULTILINE)
-    found = []
+    found: dict[str, list[str]] = {}
     for folder in package.__path__:
         for name in sorted(os.listdir(folder)):
             if not name.endswith(".py") or name.startswith("_"):
                 continue
             try:
                 with open(os.path.join(folder, name), encoding="utf-8") as fh:
-                    if pattern.search(fh.read()):
-                        found.append(f"{MODELS}.{name[:-3]}")
+                    text = fh.read()
             except OSError:
                 continue
+            for cls in dict.fromkeys(_CLASS.findall(text)):
+                found.setdefault(cls, []).append(f"{MODELS}.{name[:-3]}")
     return found
+
+
+def defining_modules(architecture: str) -> list[str]:
+    """The SGLang model modules that define a class named `architecture`."""
+    return list(_classes().get(architecture, ()))
 
 
 def _register(registry, architecture: str) -> None:
